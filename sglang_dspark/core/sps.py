@@ -1,0 +1,183 @@
+"""Steps-per-second tables SPS(B): the engine's profiled speed at B verify tokens per step.
+
+Both of SGLang 0.5.23's JSON formats are read and written field for field
+(`srt/speculative/dspark_components/dspark_sps.py`), with its lookup semantics:
+- `SpsCostTable`: SPS is a floor step function of the batch tokens, clamped at both ends.
+- `SpsAdditiveCostTable`: step seconds = bias + interp(alpha, R) + interp(theta, R + budget),
+  linear interpolation clamped at both ends. Told apart on disk by the key "bias_seconds".
+
+`SpsTable` wraps either and precomputes a dense curve over every batch size, as a numpy array: the
+planner runs on the host (like SGLang's `HostConfidenceBudgetPlanner`) and a lookup becomes a
+slice instead of a rebuild of tensors from lists, the cost that dominates upstream's planner.
+"""
+
+from __future__ import annotations
+
+import bisect
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import torch
+
+
+class SpsCostTable(msgspec.Struct, frozen=True):
+    sample_batch_tokens: list[int]
+    sample_steps_per_sec: list[float]
+    max_batch_tokens: int
+
+    def __post_init__(self) -> None:
+        tokens = self.sample_batch_tokens
+        if not tokens:
+            raise ValueError("sample_batch_tokens: at least one probe is required")
+        if any(b < 1 for b in tokens) or any(b >= c for b, c in zip(tokens, tokens[1:])):
+            raise ValueError(f"sample_batch_tokens: must be >= 1 and strictly increasing, got {tokens}")
+        if len(tokens) != len(self.sample_steps_per_sec):
+            raise ValueError(
+                f"sample_steps_per_sec: length {len(self.sample_steps_per_sec)} != "
+                f"{len(tokens)} probes"
+            )
+        if any(not s > 0 for s in self.sample_steps_per_sec):
+            raise ValueError("sample_steps_per_sec: every value must be > 0")
+        if self.max_batch_tokens < tokens[-1]:
+            raise ValueError(
+                f"max_batch_tokens: {self.max_batch_tokens} is below the largest probe {tokens[-1]}"
+            )
+
+
+class SpsAdditiveCostTable(msgspec.Struct, frozen=True):
+    bias_seconds: float
+    bs_probes: list[int]
+    alpha_seconds: list[float]
+    m_probes: list[int]
+    theta_seconds: list[float]
+
+    def __post_init__(self) -> None:
+        for name, probes, values in (
+            ("bs_probes", self.bs_probes, self.alpha_seconds),
+            ("m_probes", self.m_probes, self.theta_seconds),
+        ):
+            if not probes or any(a >= b for a, b in zip(probes, probes[1:])):
+                raise ValueError(f"{name}: must be non-empty and strictly increasing, got {probes}")
+            if len(probes) != len(values):
+                raise ValueError(f"{name}: length {len(probes)} != {len(values)} values")
+        if not self.bias_seconds > 0:
+            raise ValueError(f"bias_seconds: must be > 0, got {self.bias_seconds}")
+
+
+def interp_clamped(xs: list[int], ys: list[float], x: float) -> float:
+    """Linear interpolation clamped to the end values (SGLang's `_interp_clamped`)."""
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    hi = bisect.bisect_right(xs, x)
+    lo = hi - 1
+    frac = (x - xs[lo]) / (xs[hi] - xs[lo])
+    return ys[lo] + frac * (ys[hi] - ys[lo])
+
+
+class SpsTable:
+    """SPS(B) in either SGLang format, with dense precomputed lookups.
+
+    `steps_per_sec(num_requests, count)` and `step_seconds(...)` give the curve at batch tokens
+    B = num_requests + k, k = 0..count-1 (k is the draft budget). For the 1-D table num_requests
+    only offsets B; for the additive table it also sets the per-request term.
+    """
+
+    def __init__(self, table: SpsCostTable | SpsAdditiveCostTable):
+        self.table = table
+        if isinstance(table, SpsCostTable):
+            self.max_batch_tokens: int | None = table.max_batch_tokens
+            b = torch.arange(table.max_batch_tokens + 1, dtype=torch.int64)
+            probes = torch.tensor(table.sample_batch_tokens, dtype=torch.int64)
+            idx = (torch.bucketize(b, probes, right=True) - 1).clamp_(0, probes.numel() - 1)
+            self._dense_sps = torch.tensor(table.sample_steps_per_sec, dtype=torch.float64)[idx].numpy()
+        else:
+            self.max_batch_tokens = None
+            self._m_probes = torch.tensor(table.m_probes, dtype=torch.float64)
+            self._theta = torch.tensor(table.theta_seconds, dtype=torch.float64)
+            m = torch.arange(table.m_probes[-1] + 1, dtype=torch.float64)
+            self._dense_theta = self._theta_at(m).numpy()
+
+    # -- construction and files -------------------------------------------------------------
+    @classmethod
+    def from_points(
+        cls, batch_tokens: list[int], steps_per_sec: list[float], max_batch_tokens: int | None = None
+    ) -> SpsTable:
+        return cls(
+            SpsCostTable(
+                sample_batch_tokens=[int(b) for b in batch_tokens],
+                sample_steps_per_sec=[float(s) for s in steps_per_sec],
+                max_batch_tokens=int(max_batch_tokens if max_batch_tokens is not None else batch_tokens[-1]),
+            )
+        )
+
+    @classmethod
+    def flat(cls, max_batch_tokens: int) -> SpsTable:
+        """SGLang's uninitialised table: constant SPS, so every planner verifies everything."""
+        return cls.from_points([1], [1.0], max_batch_tokens)
+
+    @property
+    def is_flat(self) -> bool:
+        return isinstance(self.table, SpsCostTable) and len(self.table.sample_batch_tokens) <= 1
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> SpsTable:
+        data = text.encode() if isinstance(text, str) else text
+        kind = SpsAdditiveCostTable if b'"bias_seconds"' in data else SpsCostTable
+        return cls(msgspec.json.decode(data, type=kind))
+
+    def to_json(self) -> str:
+        return msgspec.json.encode(self.table).decode()
+
+    @classmethod
+    def load(cls, path: str | Path) -> SpsTable:
+        return cls.from_json(Path(path).read_bytes())
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json())
+
+    # -- lookups ----------------------------------------------------------------------------
+    def _theta_at(self, m: torch.Tensor) -> torch.Tensor:
+        # SGLang's `_additive_step_time_tensor` interpolation, op for op, so values are bit-equal.
+        probes = self._m_probes
+        m = m.clamp(min=float(probes[0]), max=float(probes[-1]))
+        hi = torch.bucketize(m, probes, right=True).clamp_(1, max(probes.numel() - 1, 1))
+        lo = hi - 1
+        if probes.numel() == 1:
+            return self._theta[lo.clamp(max=0)]
+        span = (probes[hi] - probes[lo]).clamp_(min=1e-9)
+        frac = (m - probes[lo]) / span
+        return self._theta[lo] + frac * (self._theta[hi] - self._theta[lo])
+
+    @staticmethod
+    def _window(dense: np.ndarray, start: int, count: int) -> np.ndarray:
+        """dense[start : start + count] with indices clamped to the last entry (a slice, no gather)."""
+        stop = start + count
+        if stop <= dense.size:
+            return dense[start:stop]
+        head = dense[min(start, dense.size - 1) : dense.size]
+        return np.concatenate([head, np.full(count - head.size, dense[-1])])
+
+    def step_seconds(self, num_requests: int, count: int) -> np.ndarray:
+        """Step seconds at batch tokens B = num_requests + k for k = 0..count-1."""
+        if isinstance(self.table, SpsCostTable):
+            return 1.0 / self.steps_per_sec(num_requests, count)
+        t = self.table
+        floor = t.bias_seconds + interp_clamped(t.bs_probes, t.alpha_seconds, float(num_requests))
+        return floor + self._window(self._dense_theta, num_requests, count)
+
+    def steps_per_sec(self, num_requests: int, count: int) -> np.ndarray:
+        """SPS at batch tokens B = num_requests + k for k = 0..count-1."""
+        if isinstance(self.table, SpsCostTable):
+            return self._window(self._dense_sps, num_requests, count)
+        return 1.0 / self.step_seconds(num_requests, count)
+
+    def __call__(self, batch_tokens: int, num_requests: int = 1) -> float:
+        """SPS at `batch_tokens` total verify tokens for a batch of `num_requests` requests."""
+        if isinstance(self.table, SpsCostTable):
+            return float(self._window(self._dense_sps, int(batch_tokens), 1)[0])
+        t = self.table  # SGLang's `SpsAdditiveCostTable.step_time`
+        alpha = interp_clamped(t.bs_probes, t.alpha_seconds, float(num_requests))
+        return 1.0 / (t.bias_seconds + alpha + interp_clamped(t.m_probes, t.theta_seconds, float(batch_tokens)))

@@ -1,0 +1,69 @@
+"""STS, ECE and AUROC on synthetic over-confident data with a known ground truth."""
+
+import math
+
+import torch
+
+from sglang_dspark.core.calibration import (
+    StsCalibration,
+    auroc,
+    calibration_report,
+    ece,
+    fit_sts,
+)
+
+
+def synthetic_overconfident(n=20_000, gamma=7, seed=0, inflate=3.0):
+    """True per-position acceptance p = sigmoid(z); the model reports logits inflate * z."""
+    g = torch.Generator().manual_seed(seed)
+    true_logit = torch.randn(n, gamma, generator=g) * 1.2 + 1.0
+    accepted = torch.rand(n, gamma, generator=g) < torch.sigmoid(true_logit)
+    accept_len = accepted.to(torch.int64).cumprod(1).sum(1)
+    return true_logit * inflate, accept_len
+
+
+def test_sts_at_least_halves_cumulative_ece_at_every_position_and_keeps_ranking():
+    fit_logits, fit_len = synthetic_overconfident(seed=0)
+    held_logits, held_len = synthetic_overconfident(seed=1)
+    temps = fit_sts(fit_logits, fit_len)
+    assert bool((temps > 1.0).all()), temps  # over-confident logits get cooled down
+    report = calibration_report(held_logits, held_len, temps)
+    for before, after in zip(report["ece_before"], report["ece_after"]):
+        assert after <= 0.5 * before, report
+    # Order-preserving: at every position, sorting by calibrated confidence sorts the raw one too.
+    raw = torch.sigmoid(held_logits.double())
+    calibrated = torch.sigmoid(held_logits.double() / temps.double())
+    for k in range(held_logits.shape[1]):
+        by_calibrated = raw[torch.argsort(calibrated[:, k]), k]
+        assert bool((by_calibrated[1:] >= by_calibrated[:-1]).all())
+
+
+def test_ece_definition():
+    pred = torch.tensor([0.1, 0.1, 0.9, 0.9])
+    assert abs(ece(pred, torch.tensor([0, 0, 1, 1])) - 0.1) < 1e-6  # each bin off by 0.1
+    assert abs(ece(torch.full((10,), 0.3), torch.tensor([1.0] * 3 + [0.0] * 7))) < 1e-6
+    assert abs(ece(torch.tensor([0.25, 0.75]), torch.tensor([1.0, 1.0])) - 0.5) < 1e-6
+
+
+def test_auroc_matches_pairwise_definition_with_ties():
+    g = torch.Generator().manual_seed(3)
+    pred = torch.randint(0, 5, (200,), generator=g).double() / 4  # many ties
+    label = torch.rand(200, generator=g) < 0.3 + 0.4 * pred
+    pos, neg = pred[label], pred[~label]
+    diff = pos.unsqueeze(1) - neg.unsqueeze(0)
+    expected = float(((diff > 0).double() + 0.5 * (diff == 0).double()).mean())
+    assert abs(auroc(pred, label) - expected) < 1e-6
+    assert math.isnan(auroc(pred, torch.ones(200, dtype=torch.bool)))
+
+
+def test_sts_file_validates_and_round_trips(tmp_path):
+    cal = StsCalibration(temperatures=[2.0, 1.5], dataset="d", num_samples=3)
+    cal.save(tmp_path / "sts.json")
+    assert StsCalibration.load(tmp_path / "sts.json") == cal
+    (tmp_path / "bad.json").write_text('{"temperatures": [1.0, -2.0]}')
+    try:
+        StsCalibration.load(tmp_path / "bad.json")
+    except ValueError as err:
+        assert "temperatures" in str(err)
+    else:
+        raise AssertionError("a negative temperature must be refused")

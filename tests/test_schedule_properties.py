@@ -1,0 +1,94 @@
+"""Property tests of the planners (hypothesis): lengths in range, prefix order, capacity bound,
+determinism, and the agreement of the planner entry points with each other."""
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_dspark.core.schedule import AsyncPlanner, allocate_top_k, decide_budget, plan_verify_lens
+from sglang_dspark.core.sps import SpsTable
+
+confs = st.integers(1, 12).flatmap(
+    lambda r: st.integers(1, 8).flatmap(
+        lambda g: st.lists(
+            st.sampled_from([0.0, 1e-7, 0.1, 0.5, 0.5, 0.9, 0.99, 1.0]) | st.floats(0, 1),
+            min_size=r * g,
+            max_size=r * g,
+        ).map(lambda xs: torch.tensor(xs, dtype=torch.float32).view(r, g))
+    )
+)
+tables = st.lists(st.floats(0.05, 10.0), min_size=1, max_size=40).flatmap(
+    lambda sps: st.integers(len(sps), len(sps) + 60).map(
+        lambda cap: SpsTable.from_points(list(range(1, len(sps) + 1)), sps, max_batch_tokens=cap)
+    )
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(conf=confs, table=tables, early_stop=st.booleans())
+def test_plan_lengths_in_range_capped_and_deterministic(conf, table, early_stop):
+    lens = plan_verify_lens(conf, table, early_stop=early_stop)
+    R, G = conf.shape
+    assert lens.dtype == torch.int64 and lens.shape == (R,)
+    assert bool(((lens >= 0) & (lens <= G)).all())
+    assert R + int(lens.sum()) <= max(table.max_batch_tokens, R)
+    assert torch.equal(lens, plan_verify_lens(conf.clone(), table, early_stop=early_stop))
+    # Algorithm 1 stops no later than the global search.
+    if early_stop:
+        assert int(lens.sum()) <= int(plan_verify_lens(conf, table, early_stop=False).sum())
+
+
+@settings(max_examples=300, deadline=None)
+@given(conf=confs, budget=st.integers(0, 100))
+def test_top_k_allocation_is_prefix_closed_and_takes_the_best(conf, budget):
+    survival = torch.cumprod(conf, dim=1)
+    lens = allocate_top_k(survival, budget)
+    valid = int((survival >= 1e-6).sum())
+    assert int(lens.sum()) == min(budget, valid)
+    # Prefix order: every verified draft has survival >= every unverified candidate.
+    taken = torch.arange(conf.shape[1]).unsqueeze(0) < lens.unsqueeze(1)
+    if taken.any() and (~taken & (survival >= 1e-6)).any():
+        assert survival[taken].min() >= survival[~taken & (survival >= 1e-6)].max()
+
+
+@settings(max_examples=200, deadline=None)
+@given(conf=confs, table=tables)
+def test_plan_total_matches_decide_budget(conf, table):
+    decision = decide_budget(torch.cumprod(conf, dim=1), table, early_stop=False)
+    assert int(plan_verify_lens(conf, table, early_stop=False).sum()) == decision.budget
+    assert decision.predicted_step_seconds > 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(history=confs, now=st.integers(0, 10_000), table=tables, lag=st.integers(1, 3))
+def test_async_planner_capacity_uses_only_lagged_history(history, now, table, lag):
+    R, G = history.shape
+    ids = [f"req{i}" for i in range(R)]
+    a, b = AsyncPlanner(table, G, lag=lag), AsyncPlanner(table, G, lag=lag)
+    for planner in (a, b):
+        planner.observe(ids, history)
+        for _ in range(lag - 1):
+            planner.observe(ids, torch.rand(R, G, generator=torch.Generator().manual_seed(now)))
+    # The newest lag-1 observations differ between a and b only after capacity is read.
+    cap = a.capacity(ids)
+    assert cap == b.capacity(ids)
+    assert 0 <= cap <= R * G and R + cap <= max(table.max_batch_tokens, R)
+    assert cap == decide_budget(torch.cumprod(history, 1), table).budget
+    lens = a.allocate(torch.rand(R, G), cap)
+    assert int(lens.sum()) <= cap and bool((lens <= G).all())
+
+
+def test_async_planner_without_history_counts_survival_one_and_snaps_to_buckets():
+    table = SpsTable.from_points([1, 3, 8, 16], [100.0, 60.0, 55.0, 30.0], max_batch_tokens=64)
+    planner = AsyncPlanner(table, gamma=7, buckets=[4, 8, 16, 32])
+    ids = ["a", "b"]
+    # No history: survival 1 everywhere; theta = B * SPS(B) peaks at B = 15 (825) -> k = 13;
+    # the bucket 16 then holds 14 drafts = R * G.
+    assert planner.capacity(ids) == 14
+    planner.observe(ids, torch.full((2, 7), 0.1))
+    planner.observe(ids, torch.full((2, 7), 0.9))
+    # Lagged row (0.1 everywhere): theta(0) = 200 beats 2.1 * 60 and all later -> k = 0, B = 2,
+    # snapped up to bucket 4 -> 2 drafts.
+    assert planner.capacity(ids) == 2
+    planner.release("a")
+    assert planner.capacity(["a"]) == 7  # no history again: survival 1, best B = 8 (440) -> 7 drafts

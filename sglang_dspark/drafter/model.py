@@ -1,0 +1,232 @@
+"""DSpark drafter: parallel backbone over target context features + sequential Markov stage.
+
+Backbone (DFlash style): H_ctx = hidden_norm(fc([H^l1; ...; H^lm])) is injected into every draft
+layer as extra keys/values, K = [k_proj(H_ctx) ; k_proj(H_block)] (no input_layernorm on the
+context side, as in SGLang's `write_target_hidden_kv`). A block sees context strictly before its
+anchor and attends bidirectionally inside itself. Anchor first: block inputs are
+[anchor, mask * (gamma-1)] at positions anchor_pos + k, and position k predicts the token at
+anchor_pos + k + 1. Embedding and lm_head are the target's, shared and frozen (buffers that are
+not saved). Feature convention: the feature of target layer l is the output of decoder layer l
+(transformers `hidden_states[l + 1]`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from sglang_dspark.drafter.config import DSparkDraftConfig
+from sglang_dspark.drafter.heads import MARKOV_HEADS, ConfidenceHead
+from sglang_dspark.drafter.layers import DraftDecoderLayer, RMSNorm, rope_cos_sin
+from sglang_dspark.drafter.sampling import Sampler, temperature_sampler
+
+
+@dataclass
+class DraftOutput:
+    tokens: torch.Tensor  # int64 [R, G]
+    probs: torch.Tensor  # float [R, G, V]: the distribution each token was sampled from
+    conf_logits: torch.Tensor  # float [R, G] raw confidence logits; zeros without a head
+
+
+@dataclass
+class TrainOutput:
+    logits: torch.Tensor  # [B, A, G, V] backbone + Markov bias from the true previous token
+    conf_logits: torch.Tensor  # [B, A, G]; zeros without a confidence head
+
+
+def _weight(module_or_tensor) -> torch.Tensor:
+    w = module_or_tensor.weight if hasattr(module_or_tensor, "weight") else module_or_tensor
+    return w.detach()
+
+
+class DSparkDrafter(nn.Module):
+    def __init__(self, config: DSparkDraftConfig, target_embed, target_lm_head):
+        super().__init__()
+        self.config = config
+        h = config.hidden_size
+        self.fc = nn.Linear(len(config.target_layer_ids) * h, h, bias=False)
+        self.hidden_norm = RMSNorm(h, config.rms_norm_eps)
+        self.layers = nn.ModuleList(DraftDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(h, config.rms_norm_eps)
+        self.markov_head = (
+            MARKOV_HEADS[config.markov_head_type](config.vocab_size, config.markov_rank, h)
+            if config.has_markov
+            else None
+        )
+        self.confidence_head = (
+            ConfidenceHead(h, config.markov_rank, config.confidence_head_with_markov)
+            if config.enable_confidence_head
+            else None
+        )
+        # Shared with the frozen target: never trained, never saved.
+        self.register_buffer("embed_weight", _weight(target_embed), persistent=False)
+        self.register_buffer("lm_head_weight", _weight(target_lm_head), persistent=False)
+
+    @property
+    def gamma(self) -> int:
+        return self.config.block_size
+
+    # ---- backbone -------------------------------------------------------------------------
+
+    def _rope(self, positions: torch.Tensor):
+        return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
+
+    def context_kv(self, target_hidden: torch.Tensor, positions: torch.Tensor):
+        """Per layer (K, V) [..., T, kv_heads, head_dim] of target features [..., T, m*H]."""
+        ctx = self.hidden_norm(self.fc(target_hidden.to(self.fc.weight.dtype)))
+        cos, sin = self._rope(positions)
+        return [layer.self_attn.project_kv(ctx, cos, sin) for layer in self.layers]
+
+    def backbone(self, block_ids, block_pos, ctx_kv, mask) -> torch.Tensor:
+        """Final normed hidden [B, Q, H]. block_ids/block_pos [B, Q]; ctx_kv per layer
+        ([B, C, kv, hd] K and V); mask bool [B, Q, C + Q] over [context ; block] keys."""
+        x = nn.functional.embedding(block_ids, self.embed_weight).to(self.fc.weight.dtype)
+        cos, sin = self._rope(block_pos)
+        for layer, (ck, cv) in zip(self.layers, ctx_kv):
+            x = layer(x, cos, sin, ck, cv, mask)
+        return self.norm(x)
+
+    def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return (hidden @ self.lm_head_weight.T.to(hidden.dtype)).float()
+
+    def _prev_embeddings(self, prev_tokens: torch.Tensor):
+        if self.confidence_head is None or not self.confidence_head.with_markov:
+            return None
+        return self.markov_head.prev_embeddings(prev_tokens)
+
+    def confidence(self, hidden: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor:
+        if self.confidence_head is None:
+            return hidden.new_zeros(hidden.shape[:-1], dtype=torch.float32)
+        return self.confidence_head(hidden, self._prev_embeddings(prev_tokens)).float()
+
+    # ---- training ---------------------------------------------------------------------------
+
+    def forward_train(self, input_ids, context, anchor_pos, anchor_valid) -> TrainOutput:
+        """Teacher-forced blocks at many anchors per sequence.
+
+        input_ids int64 [B, N]; context [B, C, m*H] target features at positions 0..C-1;
+        anchor_pos int64 [B, A]; anchor_valid bool [B, A] (padding anchors are ignored by the
+        loss). The Markov bias and confidence of block position k read the true token at
+        anchor_pos + k (the anchor for k = 0).
+        """
+        b, n = input_ids.shape
+        c = context.shape[1]
+        a = anchor_pos.shape[1]
+        g = self.gamma
+        offsets = torch.arange(g, device=input_ids.device)
+        pos = anchor_pos.unsqueeze(-1) + offsets  # [B, A, G]
+        block_ids = torch.full_like(pos, self.config.mask_token_id)
+        block_ids[..., 0] = input_ids.gather(1, anchor_pos)
+        ctx_positions = torch.arange(c, device=input_ids.device).expand(b, c)
+        ctx_kv = self.context_kv(context, ctx_positions)
+        # Query (block i, k) sees context j < anchor_i and all of block i, no other block.
+        sees_ctx = ctx_positions[:, None, :] < anchor_pos[:, :, None]  # [B, A, C]
+        sees_ctx = sees_ctx[:, :, None, :].expand(b, a, g, c).reshape(b, a * g, c)
+        block_of = torch.arange(a, device=input_ids.device).repeat_interleave(g)
+        sees_block = (block_of[:, None] == block_of[None, :]).expand(b, a * g, a * g)
+        mask = torch.cat([sees_ctx, sees_block], dim=-1)
+        hidden = self.backbone(block_ids.view(b, -1), pos.view(b, -1), ctx_kv, mask)
+        hidden = hidden.view(b, a, g, -1)
+        logits = self.base_logits(hidden)
+        prev = input_ids.gather(1, pos.view(b, -1).clamp(max=n - 1)).view(b, a, g)
+        if self.markov_head is not None:
+            state = self.markov_head.init_state(hidden[:, :, 0])
+            biases = []
+            for k in range(g):
+                bias, state = self.markov_head.step_bias(prev[..., k], hidden[:, :, k], state)
+                biases.append(bias)
+            logits = logits + torch.stack(biases, dim=2).float()
+        return TrainOutput(logits=logits, conf_logits=self.confidence(hidden, prev))
+
+    # ---- inference --------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def draft(
+        self,
+        cache: "DraftKVCache",
+        slots: list[int],
+        anchors: torch.Tensor,
+        anchor_pos: torch.Tensor,
+        sampler: Sampler | None = None,
+        generator: torch.Generator | None = None,
+    ) -> DraftOutput:
+        """Draft one block of gamma tokens for each request r in `slots` (one batched
+        backbone pass, then the sequential stage over the gamma positions)."""
+        sampler = sampler or temperature_sampler(1.0, generator)
+        device = self.fc.weight.device
+        anchors = anchors.to(device=device, dtype=torch.long)
+        anchor_pos = anchor_pos.to(device=device, dtype=torch.long)
+        r, g = len(slots), self.gamma
+        for slot, p in zip(slots, anchor_pos.tolist()):
+            if cache.length(slot) < p:
+                raise ValueError(f"slot {slot} holds {cache.length(slot)} context positions, anchor at {p}")
+        c = max(int(anchor_pos.max()), 1)
+        slot_index = torch.as_tensor(slots, device=device)
+        dtype = self.fc.weight.dtype
+        ctx_kv = [
+            (cache.k[i, slot_index, :c].to(dtype), cache.v[i, slot_index, :c].to(dtype))
+            for i in range(len(self.layers))
+        ]
+        sees_ctx = torch.arange(c, device=device)[None, :] < anchor_pos[:, None]  # [R, C]
+        mask = torch.cat([sees_ctx, sees_ctx.new_ones(r, g)], dim=-1)[:, None, :].expand(r, g, c + g)
+        block_ids = torch.full((r, g), self.config.mask_token_id, device=device, dtype=torch.long)
+        block_ids[:, 0] = anchors
+        pos = anchor_pos[:, None] + torch.arange(g, device=device)
+        hidden = self.backbone(block_ids, pos, ctx_kv, mask)
+        base = self.base_logits(hidden)  # [R, G, V]
+
+        tokens, probs = [], []
+        prev = anchors
+        state = self.markov_head.init_state(hidden[:, 0]) if self.markov_head is not None else None
+        for k in range(g):
+            step_logits = base[:, k]
+            if self.markov_head is not None:
+                bias, state = self.markov_head.step_bias(prev, hidden[:, k], state)
+                step_logits = step_logits + bias.float()
+            prev, p = sampler(step_logits, k)
+            tokens.append(prev)
+            probs.append(p)
+        tokens = torch.stack(tokens, dim=1)
+        prev_tokens = torch.cat([anchors[:, None], tokens[:, :-1]], dim=1)
+        return DraftOutput(tokens=tokens, probs=torch.stack(probs, dim=1),
+                           conf_logits=self.confidence(hidden, prev_tokens))
+
+
+class DraftKVCache:
+    """Preallocated context K/V of every draft layer, per slot (request)."""
+
+    def __init__(self, drafter: DSparkDrafter, num_slots: int, max_len: int,
+                 dtype=torch.float32, device="cpu"):
+        cfg = drafter.config
+        shape = (cfg.num_hidden_layers, num_slots, max_len, cfg.num_key_value_heads, cfg.head_dim)
+        self.drafter = drafter
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.lengths = [0] * num_slots
+        self.max_len = max_len
+
+    @torch.no_grad()
+    def append(self, slot: int, positions: torch.Tensor, target_hidden: torch.Tensor) -> None:
+        """Write the context K/V at `positions` (contiguous, starting at or before the current
+        length); the slot then holds positions < positions[-1] + 1."""
+        positions = positions.to(device=self.k.device, dtype=torch.long)
+        if positions.numel() == 0:
+            return
+        start, end = int(positions[0]), int(positions[-1]) + 1
+        if end - start != positions.numel():
+            raise ValueError("positions must be contiguous")
+        if start > self.lengths[slot] or end > self.max_len:
+            raise ValueError(f"slot {slot}: cannot write [{start}, {end}) with length "
+                             f"{self.lengths[slot]}, capacity {self.max_len}")
+        for i, (k, v) in enumerate(self.drafter.context_kv(target_hidden.to(self.k.device), positions)):
+            self.k[i, slot, start:end] = k.to(self.k.dtype)
+            self.v[i, slot, start:end] = v.to(self.v.dtype)
+        self.lengths[slot] = end
+
+    def truncate(self, slot: int, length: int) -> None:
+        self.lengths[slot] = min(self.lengths[slot], int(length))
+
+    def length(self, slot: int) -> int:
+        return self.lengths[slot]

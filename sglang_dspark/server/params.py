@@ -1,0 +1,119 @@
+"""From validated request bodies to what the engine takes: sampling parameters and prompt ids."""
+
+from __future__ import annotations
+
+from starlette.concurrency import run_in_threadpool
+
+from sglang_dspark.engine.sampling import SamplingParams
+from sglang_dspark.server.errors import APIError, from_value_error
+from sglang_dspark.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateSamplingParams, _Sampling
+
+DEFAULT_MAX_TOKENS = SamplingParams().max_tokens  # SGLang's /generate default
+
+
+def _stop(stop: str | list[str] | None, param: str) -> tuple[str, ...]:
+    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    if any(not s for s in stops):
+        raise APIError(400, f"{param}: stop strings must be non-empty", param=param)
+    return stops
+
+
+def _build(param_names: dict[str, str], **kwargs) -> SamplingParams:
+    try:
+        return SamplingParams(**kwargs)
+    except ValueError as exc:
+        err = from_value_error(exc)
+        if err.param in param_names:  # report the client's own field name
+            err.message = err.message.replace(err.param, param_names[err.param], 1)
+            err.param = param_names[err.param]
+        raise err from None
+
+
+def _default_max_tokens(room: int) -> int:
+    """For a client that gives no limit. `room`: context left after the prompt. OpenAI's API means
+    "up to the context" and SGLang's /generate means 128; both are capped at the room (a prompt that
+    fits is never refused for a limit the client did not ask for) and at 128 (a forgotten limit
+    cannot hold a slot for the whole context)."""
+    return max(1, min(DEFAULT_MAX_TOKENS, room))
+
+
+def openai_params(body: _Sampling, room: int) -> SamplingParams:
+    if body.n not in (None, 1):
+        raise APIError(400, f"n: only n=1 is supported, got {body.n}", param="n")
+    max_tokens = body.max_tokens
+    if isinstance(body, ChatCompletionRequest) and body.max_completion_tokens is not None:
+        max_tokens = body.max_completion_tokens
+    return _build(
+        {},
+        max_tokens=_default_max_tokens(room) if max_tokens is None else max_tokens,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=0 if body.top_k in (None, -1) else body.top_k,
+        stop=_stop(body.stop, "stop"),
+        seed=body.seed,
+        ignore_eos=body.ignore_eos,
+    )
+
+
+def generate_params(sp: GenerateSamplingParams, room: int) -> SamplingParams:
+    return _build(
+        {"max_tokens": "max_new_tokens"},
+        max_tokens=_default_max_tokens(room) if sp.max_new_tokens is None else sp.max_new_tokens,
+        temperature=sp.temperature,
+        top_p=sp.top_p,
+        top_k=0 if sp.top_k == -1 else sp.top_k,
+        stop=_stop(sp.stop, "stop"),
+        seed=sp.seed,
+        ignore_eos=sp.ignore_eos,
+    )
+
+
+def check_model(engine_name: str, requested: str | None) -> None:
+    if requested is not None and requested != engine_name:
+        raise APIError(404, f"The model '{requested}' does not exist; this server serves '{engine_name}'",
+                       param="model", code="model_not_found")
+
+
+def _chat_ids(tokenizer, body: ChatCompletionRequest) -> list[int]:
+    messages = []
+    for i, m in enumerate(body.messages):
+        content = m.content
+        if isinstance(content, list):
+            if any(p.type != "text" or p.text is None for p in content):
+                raise APIError(400, f"messages[{i}].content: only text parts are supported",
+                               param=f"messages.{i}.content")
+            content = "".join(p.text for p in content)
+        messages.append({**m.model_dump(exclude_none=True), "content": content or ""})
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    except Exception as exc:  # the template rejects e.g. roles out of order: the client's fault
+        raise APIError(400, f"messages: chat template failed: {exc}", param="messages") from None
+    return tokenizer.encode(text, add_special_tokens=False)  # the template already placed BOS
+
+
+async def chat_prompt_ids(tokenizer, body: ChatCompletionRequest) -> list[int]:
+    if not body.messages:
+        raise APIError(400, "messages: must not be empty", param="messages")
+    return await run_in_threadpool(_chat_ids, tokenizer, body)
+
+
+async def completion_prompt_ids(tokenizer, body: CompletionRequest) -> list[int]:
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        if len(prompt) != 1:
+            raise APIError(400, "prompt: batched prompts are not supported; send one string", param="prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, list):
+        return check_token_ids(prompt, len(tokenizer), "prompt")
+    ids = await run_in_threadpool(tokenizer.encode, prompt) if prompt else []
+    return check_token_ids(ids, len(tokenizer), "prompt")
+
+
+def check_token_ids(ids: list[int], vocab_size: int, param: str) -> list[int]:
+    """Client-given ids are checked here: an id outside the vocabulary would fail a whole engine step."""
+    if not ids:
+        raise APIError(400, f"{param}: must not be empty", param=param)
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise APIError(400, f"{param}: token id {bad} is outside the vocabulary [0, {vocab_size})", param=param)
+    return ids

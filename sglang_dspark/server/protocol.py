@@ -1,0 +1,66 @@
+"""Request bodies. Known fields are type-strict (a string where a number belongs is a 400, never a
+silent coercion); unknown fields are ignored, as OpenAI clients send many we do not use."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, Strict, StrictBool, StrictInt, StrictStr
+
+Float = Annotated[float, Strict()]  # accepts ints, rejects strings and booleans
+Stop = StrictStr | list[StrictStr] | None
+
+
+class StreamOptions(BaseModel):
+    include_usage: StrictBool = False
+
+
+class _Sampling(BaseModel):
+    model: StrictStr | None = None
+    max_tokens: StrictInt | None = None
+    temperature: Float | None = None
+    top_p: Float | None = None
+    top_k: StrictInt | None = None  # SGLang extension; -1 means off, as in SGLang
+    stop: Stop = None
+    seed: StrictInt | None = None
+    n: StrictInt | None = None
+    ignore_eos: StrictBool = False  # SGLang extension
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+
+
+class TextPart(BaseModel):
+    type: StrictStr
+    text: StrictStr | None = None
+
+
+class ChatMessage(BaseModel, extra="allow"):  # extra: name, tool_calls, ... go to the template
+    role: StrictStr
+    content: StrictStr | list[TextPart] | None = None
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage]
+    max_completion_tokens: StrictInt | None = None
+
+
+class CompletionRequest(_Sampling):
+    prompt: StrictStr | list[StrictInt] | list[StrictStr]
+
+
+class GenerateSamplingParams(BaseModel):
+    max_new_tokens: StrictInt | None = None
+    temperature: Float = 1.0
+    top_p: Float = 1.0
+    top_k: StrictInt = -1
+    stop: Stop = None
+    seed: StrictInt | None = None
+    ignore_eos: StrictBool = False
+
+
+class GenerateRequest(BaseModel):
+    text: StrictStr | None = None
+    input_ids: list[StrictInt] | None = None
+    sampling_params: GenerateSamplingParams = GenerateSamplingParams()
+    stream: StrictBool = False
+    rid: StrictStr | None = None

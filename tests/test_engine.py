@@ -1,0 +1,142 @@
+"""Reference engine: greedy equality with transformers, statistical equality of sampling, and
+request lifecycle (EOS, max_tokens, stop strings, aborts, slot reuse)."""
+
+import torch
+from engine_fixtures import EOS, VOCAB, ToyTokenizer, run_to_completion, tiny_engine, tiny_hf_target
+from scipy import stats
+
+from sglang_dspark.core.sps import SpsTable
+from sglang_dspark.engine.sampling import SamplingParams
+
+ALPHA = 1e-3
+
+
+def hf_greedy(hf, prompt, n):
+    ids = torch.tensor([prompt])
+    out = hf.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def jagged_sps():
+    return SpsTable.from_points([1, 2, 4, 8, 16, 32], [100.0, 90.0, 85.0, 70.0, 50.0, 30.0], max_batch_tokens=64)
+
+
+def test_greedy_output_equals_transformers_in_every_mode():
+    hf = tiny_hf_target()
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(4, VOCAB, (int(n),), generator=g).tolist() for n in torch.randint(3, 40, (10,), generator=g)]
+    expected = [hf_greedy(hf, p, 24) for p in prompts]
+    params = [SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)] * len(prompts)
+    for mode, sps in (("target", None), ("full", None), ("scheduled", jagged_sps())):
+        engine = tiny_engine(mode, hf=hf, sps=sps, max_running=4, prefill_chunk=32)
+        assert run_to_completion(engine, prompts, params) == expected, mode
+
+
+def exact_marginals(hf, prompt):
+    """Exact target marginals of output tokens 2 and 3 (tokens 1 comes from prefill)."""
+    with torch.no_grad():
+        p1 = torch.softmax(hf(torch.tensor([prompt])).logits[0, -1].double(), -1)
+        seq2 = torch.tensor([prompt + [a] for a in range(VOCAB)])
+        p2_given = torch.softmax(hf(seq2).logits[:, -1].double(), -1)  # [a, b]
+        joint12 = p1[:, None] * p2_given
+        seq3 = torch.tensor([prompt + [a, b] for a in range(VOCAB) for b in range(VOCAB)])
+        p3_given = torch.softmax(hf(seq3).logits[:, -1].double(), -1).view(VOCAB, VOCAB, VOCAB)
+    return joint12.sum(0), (joint12[:, :, None] * p3_given).sum((0, 1))
+
+
+def chi2_pvalue(samples, probs):
+    counts = torch.bincount(torch.tensor(samples), minlength=VOCAB).double()
+    expected = probs * counts.sum()
+    big = expected >= 5  # pool the cells too small for Pearson's approximation
+    obs, exp = counts[big], expected[big]
+    if not bool(big.all()):
+        obs = torch.cat([obs, counts[~big].sum().view(1)])
+        exp = torch.cat([exp, expected[~big].sum().view(1)])
+    return float(stats.chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
+
+
+def sample_tokens_2_and_3(engine, prompt, n, seed):
+    params = [SamplingParams(max_tokens=3, temperature=1.0, ignore_eos=True)] * n
+    outs = run_to_completion(engine, [prompt] * n, params)
+    return [o[1] for o in outs], [o[2] for o in outs]
+
+
+def test_sampled_output_follows_the_target_distribution():
+    """Tokens 2 and 3 are the first ones produced by speculative verification. 4000 samples per
+    prompt; chi-square at ALPHA = 1e-3. Power: the same harness rejects a drafter whose reported
+    probabilities are not the ones it sampled from (next test)."""
+    hf = tiny_hf_target(peaky=12.0)
+    for prompt in ([5, 9, 11], [7, 7, 30, 12, 4]):
+        m2, m3 = exact_marginals(hf, prompt)
+        engine = tiny_engine("scheduled", hf=hf, sps=jagged_sps(), max_running=16, seed=len(prompt))
+        t2, t3 = sample_tokens_2_and_3(engine, prompt, 4000, seed=0)
+        assert chi2_pvalue(t2, m2) > ALPHA and chi2_pvalue(t3, m3) > ALPHA
+        accepted = sum(r["accepted_drafts"] for r in engine.records)
+        assert accepted > 500  # speculation really happened
+
+
+def test_biased_verification_is_detected_by_the_same_harness():
+    hf = tiny_hf_target(peaky=12.0)
+    prompt = [5, 9, 11]
+    m2, m3 = exact_marginals(hf, prompt)
+    engine = tiny_engine("full", hf=hf, max_running=16)
+    original = engine.drafter.draft
+
+    def misreported(*args, **kwargs):  # claims uniform draft probabilities
+        out = original(*args, **kwargs)
+        out.probs = torch.full_like(out.probs, 1.0 / VOCAB)
+        return out
+
+    engine.drafter.draft = misreported
+    t2, t3 = sample_tokens_2_and_3(engine, prompt, 4000, seed=0)
+    assert min(chi2_pvalue(t2, m2), chi2_pvalue(t3, m3)) < ALPHA
+
+
+def test_eos_max_tokens_and_stop_strings():
+    engine = tiny_engine("full")
+    forced_eos = SamplingParams(max_tokens=50, temperature=0.0)
+    out = run_to_completion(engine, [[5, 6, 7]], [SamplingParams(max_tokens=7, temperature=0.0, ignore_eos=True)])[0]
+    assert len(out) == 7
+    texts, reasons = [], []
+    stop_word = ToyTokenizer().decode(out[2:3]).strip()
+
+    def cb(o):
+        texts.append(o.text)
+        if o.finished:
+            reasons.append(o.finish_reason)
+
+    engine.submit([5, 6, 7], SamplingParams(max_tokens=7, temperature=0.0, ignore_eos=True, stop=(stop_word,)), cb)
+    for _ in range(50):
+        engine.step()
+    assert reasons == ["stop"] and stop_word not in "".join(texts)
+    full = ToyTokenizer().decode(out)
+    assert "".join(texts) == full[: full.find(stop_word)]
+    # EOS ends a request without being emitted as text.
+    eos_engine = tiny_engine("full")
+    eos_engine.eos_ids = set(range(VOCAB))  # every token is EOS now
+    result = run_to_completion(eos_engine, [[5, 6]], [forced_eos])[0]
+    assert result == [] and EOS in eos_engine.eos_ids
+
+
+def test_abort_frees_the_slot_and_slots_are_reused():
+    engine = tiny_engine("scheduled", max_running=2)
+    finished = []
+    rid = engine.submit([5, 6, 7], SamplingParams(max_tokens=200, temperature=1.0), lambda o: o.finished and finished.append(o.finish_reason))
+    for _ in range(3):
+        engine.step()
+    assert engine.num_running == 1
+    engine.abort(rid)
+    engine.step()
+    assert engine.num_running == 0 and finished == ["abort"]
+    outs = run_to_completion(engine, [[5]] * 6, [SamplingParams(max_tokens=5, temperature=1.0, ignore_eos=True)] * 6)
+    assert [len(o) for o in outs] == [5] * 6
+
+
+def test_prompt_that_does_not_fit_is_refused():
+    engine = tiny_engine("full")
+    try:
+        engine.submit(list(range(5, 45)) * 7, SamplingParams(max_tokens=10), lambda o: None)
+    except ValueError as err:
+        assert "context limit" in str(err)
+    else:
+        raise AssertionError("an oversized prompt must be refused")

@@ -1,0 +1,121 @@
+"""The server in front of the real reference engine: a tiny random llama target and a tiny drafter,
+loaded from disk through build_reference_engine, served in-process and over a loopback socket."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+from fastapi.testclient import TestClient
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from drafter_fixtures import TINY_TARGET, tiny_drafter
+from sglang_dspark.drafter.checkpoint import save_drafter
+from sglang_dspark.server import create_app
+from sglang_dspark.server.bootstrap import build_reference_engine
+
+SPECIALS = ["<unk>", "<s>", "</s>", "<mask>"]
+CHAT_TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }} {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}<s>assistant {% endif %}"
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    # role names are words too, so the template's output tokenizes without <unk>
+    words = ["user", "system", "assistant"]
+    words += [f"w{i}" for i in range(TINY_TARGET["vocab_size"] - len(SPECIALS) - len(words))]
+    vocab = {t: i for i, t in enumerate(SPECIALS + words)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>",
+                                        eos_token="</s>", mask_token="<mask>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    target_dir, draft_dir = root / "target", root / "draft"
+    config = LlamaConfig(**{k: v for k, v in TINY_TARGET.items() if k not in ("model_type", "architectures")},
+                         bos_token_id=1, eos_token_id=2)
+    LlamaForCausalLM(config).save_pretrained(target_dir)
+    tokenizer.save_pretrained(target_dir)
+    drafter = tiny_drafter()
+    save_drafter(drafter, drafter.config, draft_dir)
+    return str(target_dir), str(draft_dir)
+
+
+@pytest.fixture(scope="module")
+def engine(model_dirs):
+    engine = build_reference_engine(*model_dirs, profile=None, mode="scheduled", max_running=4, max_len=256, seed=0,
+                                    model_name="tiny")
+    engine.start()
+    yield engine
+    engine.shutdown()
+
+
+def _wait_idle(engine, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while (engine.num_running or engine.num_waiting) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert engine.num_running == 0 and engine.num_waiting == 0
+
+
+def test_endpoints_against_real_engine(engine):
+    with TestClient(create_app(engine)) as client:
+        chat = client.post("/v1/chat/completions", json={
+            "model": "tiny", "messages": [{"role": "user", "content": "w5 w6 w7"}],
+            "max_tokens": 8, "ignore_eos": True, "temperature": 0}).json()
+        assert chat["usage"]["completion_tokens"] == 8 and chat["choices"][0]["finish_reason"] == "length"
+        assert chat["usage"]["total_tokens"] == chat["usage"]["prompt_tokens"] + 8
+
+        events = client.post("/v1/completions", json={
+            "prompt": "w9 w10", "max_tokens": 6, "ignore_eos": True, "seed": 1, "stream": True,
+            "stream_options": {"include_usage": True}}).text.split("\n\n")
+        assert events[-2] == "data: [DONE]"
+        assert json.loads(events[-3].removeprefix("data: "))["usage"]["completion_tokens"] == 6
+
+        gen = client.post("/generate", json={"input_ids": [5, 6, 7], "sampling_params": {
+            "max_new_tokens": 5, "temperature": 0, "ignore_eos": True}}).json()
+        assert len(gen["output_ids"]) == 5 and gen["meta_info"]["finish_reason"] == {"type": "length"}
+
+        too_long = client.post("/generate", json={"input_ids": [5] * 250, "sampling_params": {"max_new_tokens": 10}})
+        assert too_long.status_code == 400 and "context" in too_long.json()["error"]["message"]
+
+        records = client.get("/server_info").json()["internal_states"][0]["dspark_info_record"]
+        assert records["mode"] == "scheduled" and records["records"]
+        assert b"sglang_dspark_generation_tokens_total" in client.get("/metrics").content
+        _wait_idle(engine)
+        assert client.post("/flush_cache").status_code == 200
+
+
+def _aborted(engine) -> float:
+    for line in engine.metrics.render().decode().splitlines():
+        if line.startswith('sglang_dspark_requests_finished_total{reason="abort"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_client_disconnect_frees_the_slot(engine):
+    """Over a real socket: the client reads one chunk of a long stream and hangs up."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(engine), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.01)
+        before = _aborted(engine)
+        body = {"prompt": "w3 w4", "max_tokens": 200, "ignore_eos": True, "stream": True}
+        with httpx.Client(timeout=20) as client:
+            with client.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body) as r:
+                assert r.status_code == 200
+                next(r.iter_lines())
+        _wait_idle(engine)
+        assert _aborted(engine) == before + 1
+    finally:
+        server.should_exit = True
+        thread.join(10)

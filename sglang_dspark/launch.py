@@ -32,8 +32,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft", metavar="DIR",
                    help="DSpark drafter checkpoint directory (default for a zoo model: the shipped "
                         "launch/models/<name>-dspark/)")
-    p.add_argument("--profile", action="append", default=[], metavar="FILE",
-                   help="SGLang-format SPS table or STS calibration JSON; repeat to give both")
+    p.add_argument("--profile", metavar="FILE",
+                   help="SLA profile YAML (python -m sglang_dspark.profile): SPS table, STS calibration and SLA "
+                        "tiers; refused unless its fingerprint (engine, hardware, versions, model/drafter content "
+                        "hashes, gamma) matches this launch")
+    p.add_argument("--force-profile", action="store_true",
+                   help="use --profile even when its fingerprint does not match (the differences are logged)")
+    p.add_argument("--sla-tier", metavar="NAME",
+                   help="SLA tier of --profile to serve (its per-user tok/s target drives the engine's SLA mode)")
     p.add_argument("--engine", choices=("auto", "reference", "sglang"), default="auto",
                    help="auto: SGLang when a CUDA device and sglang are available, else the CPU reference engine")
     p.add_argument("--mode", choices=MODES, default="scheduled",
@@ -111,22 +117,47 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("engine: %s (%s)", engine, why)
         model, zoo_name = resolve_model(args.model, engine, args.cache_dir, fetch=not args.dry_run)
         draft = resolve_draft(args.draft, zoo_name, args.mode, engine)
-        from sglang_dspark.server.profiles import split_profiles
-
-        try:
-            sps_path, sts_path = split_profiles(args.profile)
-        except ValueError as exc:
-            raise LaunchError(str(exc)) from None
+        profile = _load_profile(args, engine, model, draft)
         if engine == "sglang":  # SGLang names the model by its path unless told otherwise
-            return _launch_sglang(args, model, draft, sps_path, sts_path, args.served_model_name or zoo_name)
-        return _launch_reference(args, model, draft, args.served_model_name or args.model)
+            return _launch_sglang(args, model, draft, profile, args.served_model_name or zoo_name)
+        return _launch_reference(args, model, draft, profile, args.served_model_name or args.model)
     except LaunchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
 
-def _launch_sglang(args, model, draft, sps_path, sts_path, name) -> int:
+def _load_profile(args, engine: str, model: str, draft: str | None):
+    """The checked SLA profile (server/profiles.py LaunchProfile), or None without --profile."""
+    if args.profile is None:
+        if args.sla_tier is not None:
+            raise LaunchError("--sla-tier needs --profile (the tiers live in the profile)")
+        if args.force_profile:
+            raise LaunchError("--force-profile needs --profile")
+        return None
+    from sglang_dspark.profiles import ProfileError
+    from sglang_dspark.server.profiles import resolve_profile
+
+    try:
+        resolved = resolve_profile(args.profile, engine=engine, model=model, draft=draft, force=args.force_profile,
+                                   tier=args.sla_tier)
+    except ProfileError as exc:
+        raise LaunchError(" ".join(str(exc).split())) from None
+    logger.info("profile: %s", resolved.describe())
+    return resolved
+
+
+def _launch_sglang(args, model, draft, profile, name) -> int:
+    import tempfile
+
     from sglang_dspark import launch_sglang
+
+    sps_path = sts_path = None
+    if profile is not None:  # SGLang reads its own JSON files: export them to a dir that outlives the exec
+        out = tempfile.mkdtemp(prefix="dspark-profile-")
+        sps, sts = profile.profile.export_sglang(out)
+        sps_path, sts_path = str(sps), (str(sts) if sts is not None else None)
+        if profile.tier is not None:
+            logger.warning("--sla-tier %s: SGLang has no SLA mode; the tier is not enforced", profile.tier.name)
 
     argv, env = launch_sglang.build_command(
         model, draft, args.mode, args.host, args.port, max_running=args.max_running, max_len=args.max_len,
@@ -137,17 +168,20 @@ def _launch_sglang(args, model, draft, sps_path, sts_path, name) -> int:
     return 0
 
 
-def _launch_reference(args, model, draft, name) -> int:
+def _launch_reference(args, model, draft, profile, name) -> int:
     url = f"http://{args.host}:{args.port}"
+    tier = profile.tier if profile is not None else None
     if args.dry_run:
-        print(f"reference engine: model={model} draft={draft} mode={args.mode} profile={args.profile or None} "
+        print(f"reference engine: model={model} draft={draft} mode={args.mode} "
+              f"profile={profile.describe() if profile is not None else None} "
               f"max_running={args.max_running} max_len={args.max_len} seed={args.seed} served as {name!r} on {url}")
         return 0
     from sglang_dspark.server import create_app, serve
     from sglang_dspark.server.bootstrap import build_reference_engine
 
-    engine = build_reference_engine(model, draft, args.profile, args.mode, args.max_running, args.max_len,
-                                    args.seed, model_name=name)
+    engine = build_reference_engine(model, draft, profile.profile if profile is not None else None, args.mode,
+                                    args.max_running, args.max_len, args.seed, model_name=name,
+                                    sla_tok_s_per_user=tier.tok_s_per_user if tier is not None else None)
     serve(engine, create_app(engine, served_model_name=name), args.host, args.port,
           ready_line=f"DSpark server ready on {url} (engine=reference, mode={args.mode})")
     return 0

@@ -1,5 +1,6 @@
 import os
 
+import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -7,3 +8,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Test models are tiny: one intra-op thread is faster than two, and never stalls in OpenMP
 # barriers when the other core is busy (CI machines are shared).
 torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    """SmolLM2-135M-Instruct as a safetensors directory, fetched once into the launcher's cache
+    (the same place `./dev.sh serve` uses). Only slow tests use it."""
+    from sglang_dspark import zoo
+    from sglang_dspark.launch import DEFAULT_CACHE
+
+    out = DEFAULT_CACHE.expanduser() / "smollm2-135m-instruct"
+    zoo.fetch("smollm2-135m-instruct", out)
+    return out

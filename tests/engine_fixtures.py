@@ -19,6 +19,9 @@ class ToyTokenizer:
     eos_token_id = EOS
     chat_template = "toy"
 
+    def __len__(self):
+        return VOCAB
+
     def decode(self, ids, skip_special_tokens=True):
         return "".join(f" w{i}" for i in ids if not (skip_special_tokens and i == EOS))
 

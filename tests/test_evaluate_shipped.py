@@ -1,11 +1,9 @@
 """Slow: the shipped SmolLM2 DSpark pair decodes greedily exactly like transformers' generate."""
 
-import os
 from pathlib import Path
 
 import pytest
 
-from sglang_dspark import zoo
 from sglang_dspark.evaluate import greedy_equality
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -13,10 +11,7 @@ DRAFT = ROOT / "launch" / "models" / "smollm2-135m-instruct-dspark"
 
 
 @pytest.mark.slow
-def test_shipped_pair_greedy_equals_transformers_generate():
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    target = ROOT / "models" / "smollm2-135m-instruct"
-    zoo.fetch("smollm2-135m-instruct", target)  # no-op when already fetched
-    result = greedy_equality(target, DRAFT, num_prompts=20, max_new_tokens=128)
+def test_shipped_pair_greedy_equals_transformers_generate(smollm2_dir):
+    result = greedy_equality(smollm2_dir, DRAFT, num_prompts=20, max_new_tokens=128)
     assert result["all_equal"], [r for r in result["prompts"] if not r["equal"]]
     assert sum(r["tau"] for r in result["prompts"]) / 20 > 1.0  # the drafter is doing real work

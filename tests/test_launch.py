@@ -10,17 +10,15 @@ import sys
 import pytest
 
 from sglang_dspark import launch
+from test_profiles import make_model_dirs, make_profile
 from sglang_dspark.launch_sglang import build_command
 
 
 @pytest.fixture
 def dirs(tmp_path):
-    (tmp_path / "target").mkdir()
-    (tmp_path / "draft").mkdir()
-    sps = tmp_path / "sps.json"
-    sps.write_text(json.dumps({"sample_batch_tokens": [1, 8], "sample_steps_per_sec": [50.0, 40.0], "max_batch_tokens": 8}))
-    sts = tmp_path / "sts.json"
-    sts.write_text(json.dumps({"temperatures": [1.0, 1.2]}))
+    target, draft = make_model_dirs(tmp_path, gamma=3)
+    # an SLA profile measured "on this machine" for the SGLang engine, with these directories
+    make_profile(engine="sglang", target_dir=target, draft_dir=draft).save(tmp_path / "profile.yaml")
     return tmp_path
 
 
@@ -43,7 +41,7 @@ def _sglang_argv(printed: str) -> tuple[dict[str, str], list[str]]:
 @pytest.mark.sglang
 def test_sglang_dry_run_parses_with_sglangs_own_parser(dirs, capsys, sglang_parser):
     rc = launch.main(["--model", str(dirs / "target"), "--draft", str(dirs / "draft"), "--engine", "sglang",
-                      "--profile", str(dirs / "sps.json"), "--profile", str(dirs / "sts.json"), "--max-running", "8",
+                      "--profile", str(dirs / "profile.yaml"), "--max-running", "8",
                       "--max-len", "2048", "--port", "31000", "--dry-run"])
     assert rc == 0
     env, argv = _sglang_argv(capsys.readouterr().out.strip())
@@ -51,8 +49,10 @@ def test_sglang_dry_run_parses_with_sglangs_own_parser(dirs, capsys, sglang_pars
     args = sglang_parser.parse_args(argv)
     assert (args.model_path, args.speculative_algorithm, args.speculative_draft_model_path) == (
         str(dirs / "target"), "DSPARK", str(dirs / "draft"))
-    assert args.speculative_dspark_sps_table_path == str(dirs / "sps.json")
-    assert args.speculative_dspark_confidence_sts_path == str(dirs / "sts.json")
+    # the profile's tables, exported for SGLang's own loaders
+    exported = json.loads(open(args.speculative_dspark_sps_table_path).read())
+    assert exported["sample_batch_tokens"] == [1, 4, 8, 16, 32]
+    assert json.loads(open(args.speculative_dspark_confidence_sts_path).read())["temperatures"] == [1.0, 1.3, 0.7]
     assert (args.max_running_requests, args.context_length, args.port, args.host) == (8, 2048, 31000, "127.0.0.1")
     assert args.enable_metrics
 
@@ -101,13 +101,13 @@ def test_auto_picks_reference_without_cuda(monkeypatch, caplog):
     (["--model", "/nonexistent/model"], "no such directory"),
     (["--model", "{target}", "--draft", "/nonexistent/draft"], "--draft"),
     (["--model", "{target}"], "needs a drafter"),
-    (["--model", "{target}", "--draft", "{draft}", "--profile", "/nonexistent.json"], "profile"),
-    (["--model", "{target}", "--draft", "{draft}", "--profile", "{draft}/../sps.json", "--profile", "{sps}"], "second SPS"),
+    (["--model", "{target}", "--draft", "{draft}", "--profile", "/nonexistent.yaml"], "/nonexistent.yaml: cannot read"),
+    (["--model", "{target}", "--draft", "{draft}", "--sla-tier", "interactive"], "--sla-tier needs --profile"),
     (["--model", "{target}", "--mode", "target", "--port", "0"], "--port"),
     (["--model", "{target}", "--mode", "target", "--max-len", "-5"], "--max-len"),
 ])
 def test_bad_input_is_one_line_on_stderr(dirs, capsys, extra, reason):
-    fill = {"target": dirs / "target", "draft": dirs / "draft", "sps": dirs / "sps.json"}
+    fill = {"target": dirs / "target", "draft": dirs / "draft"}
     rc = launch.main([a.format(**fill) for a in extra] + ["--engine", "reference", "--dry-run"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and reason in err and err.startswith("error: ") and "\n" not in err
@@ -115,8 +115,8 @@ def test_bad_input_is_one_line_on_stderr(dirs, capsys, extra, reason):
 
 def test_every_flag_has_help():
     actions = [a for a in launch.build_parser()._actions if a.option_strings and a.dest != "help"]
-    assert {a.dest for a in actions} >= {"model", "draft", "profile", "engine", "mode", "host", "port",
-                                         "max_running", "max_len", "dry_run"}
+    assert {a.dest for a in actions} >= {"model", "draft", "profile", "force_profile", "sla_tier", "engine", "mode",
+                                         "host", "port", "max_running", "max_len", "dry_run"}
     assert all(a.help for a in actions)
 
 

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_dspark.core.schedule import AsyncPlanner, allocate_top_k, decide_budget, plan_verify_lens
+from sglang_dspark.core.schedule import AsyncPlanner, allocate_top_k, decide_budget, decide_budget_sla, plan_verify_lens
 from sglang_dspark.core.sps import SpsTable
 
 confs = st.integers(1, 12).flatmap(
@@ -92,3 +92,41 @@ def test_async_planner_without_history_counts_survival_one_and_snaps_to_buckets(
     assert planner.capacity(ids) == 2
     planner.release("a")
     assert planner.capacity(["a"]) == 7  # no history again: survival 1, best B = 8 (440) -> 7 drafts
+
+
+def _slowest_speed(survival, lens, table):
+    R = survival.shape[0]
+    per_user = 1.0 + torch.stack([survival[r, : lens[r]].double().sum() for r in range(R)])
+    return float(per_user.min()) * table(R + int(lens.sum()), num_requests=R)
+
+
+def test_sla_mode_trades_throughput_for_the_slowest_user():
+    # One confident request and seven hopeless ones: maximum throughput verifies the confident
+    # request deeply (k = 7), and the larger batch slows every user below 13 tok/s.
+    table = SpsTable.from_points(list(range(1, 65)), [20.0 / (1 + 0.05 * b) for b in range(1, 65)])
+    conf = torch.full((8, 7), 0.05)
+    conf[0] = 0.99
+    survival = torch.cumprod(conf, 1)
+    free = decide_budget(survival, table)
+    assert _slowest_speed(survival, allocate_top_k(survival, free.budget), table) < 13.0
+    sla = decide_budget_sla(survival, table, 13.0)
+    assert sla.budget < free.budget and sla.predicted_theta <= free.predicted_theta
+    assert sla.budget == 2  # the largest budget whose slowest user still gets >= 13 tok/s
+    assert _slowest_speed(survival, allocate_top_k(survival, sla.budget), table) >= 13.0
+    # An unmeetable tier falls back to the budget that maximises the slowest user's speed.
+    fallback = decide_budget_sla(survival, table, 1e6)
+    speeds = [_slowest_speed(survival, allocate_top_k(survival, k), table) for k in range(0, 57)]
+    assert fallback.budget == max(range(len(speeds)), key=lambda k: (speeds[k], -k))
+
+
+@settings(max_examples=200, deadline=None)
+@given(conf=confs, table=tables, target=st.floats(0.1, 50.0))
+def test_sla_budget_meets_the_tier_whenever_any_budget_does(conf, table, target):
+    survival = torch.cumprod(conf, 1)
+    sla = decide_budget_sla(survival, table, target)
+    free = decide_budget(survival, table)
+    assert sla.predicted_theta <= free.predicted_theta + 1e-9
+    k_max = min(int((survival >= 1e-6).sum()), max(0, table.max_batch_tokens - conf.shape[0]))
+    meets = [_slowest_speed(survival, allocate_top_k(survival, k), table) >= target * (1 - 1e-9) for k in range(k_max + 1)]
+    if any(meets):
+        assert meets[sla.budget]

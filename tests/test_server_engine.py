@@ -4,18 +4,16 @@ loaded from disk through build_reference_engine, served in-process and over a lo
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 
 import httpx
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from drafter_fixtures import TINY_TARGET, tiny_drafter
+from loopback_server import serve_on_loopback
 from sglang_dspark.drafter.checkpoint import save_drafter
 from sglang_dspark.server import create_app
 from sglang_dspark.server.bootstrap import build_reference_engine
@@ -99,23 +97,12 @@ def _aborted(engine) -> float:
 
 def test_client_disconnect_frees_the_slot(engine):
     """Over a real socket: the client reads one chunk of a long stream and hangs up."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(engine), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            time.sleep(0.01)
+    with serve_on_loopback(create_app(engine)) as base:
         before = _aborted(engine)
         body = {"prompt": "w3 w4", "max_tokens": 200, "ignore_eos": True, "stream": True}
         with httpx.Client(timeout=20) as client:
-            with client.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body) as r:
+            with client.stream("POST", f"{base}/v1/completions", json=body) as r:
                 assert r.status_code == 200
                 next(r.iter_lines())
         _wait_idle(engine)
         assert _aborted(engine) == before + 1
-    finally:
-        server.should_exit = True
-        thread.join(10)

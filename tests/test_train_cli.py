@@ -3,20 +3,18 @@
 import json
 import os
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-TOKENIZER_SRC = ROOT / "models" / "smollm2-135m-instruct"
+
+
+pytestmark = pytest.mark.slow  # needs SmolLM2's tokenizer, fetched once for the slow tier
 
 
 @pytest.fixture(scope="module")
-def tiny_target(tmp_path_factory):
+def tiny_target(tmp_path_factory, smollm2_dir):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if not (TOKENIZER_SRC / "tokenizer.json").is_file():
-        pytest.skip("run `python -m sglang_dspark.zoo fetch smollm2-135m-instruct --out models/smollm2-135m-instruct`")
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -25,7 +23,7 @@ def tiny_target(tmp_path_factory):
                       head_dim=8, num_hidden_layers=4, vocab_size=49152, tie_word_embeddings=True,
                       bos_token_id=1, eos_token_id=2, pad_token_id=2)
     LlamaForCausalLM(cfg).save_pretrained(out)
-    AutoTokenizer.from_pretrained(TOKENIZER_SRC).save_pretrained(out)
+    AutoTokenizer.from_pretrained(smollm2_dir).save_pretrained(out)
     return out
 
 

@@ -88,6 +88,29 @@ def decide_budget(survival: torch.Tensor, sps: SpsTable, *, early_stop: bool = F
     return BudgetDecision(k, float(seconds[k]), float(theta[k]))
 
 
+def decide_budget_sla(survival: torch.Tensor, sps: SpsTable, tok_s_per_user: float) -> BudgetDecision:
+    """SLA-aware budget: maximise Theta subject to every request's predicted speed
+    (1 + sum of its verified survivals) * SPS(B) staying >= tok_s_per_user.
+
+    When no budget meets the SLA (the engine is too loaded for the tier), fall back to the budget
+    that maximises the slowest request's predicted speed: the closest the step can get.
+    """
+    num_requests = survival.shape[0]
+    values, order = _ranked_candidates(survival.detach().cpu().numpy())
+    theta, seconds = _theta_curve(values, num_requests, sps)
+    k_max = theta.size - 1
+    # per_request[k, r]: expected tokens of request r when the top k candidates are verified
+    per_request = np.zeros((k_max + 1, num_requests))
+    per_request[np.arange(1, k_max + 1), order[:k_max] % num_requests] = values[:k_max]
+    slowest = (np.cumsum(per_request, axis=0) + 1.0).min(axis=1) / seconds
+    feasible = slowest >= tok_s_per_user
+    if feasible.any():
+        k = int(np.argmax(np.where(feasible, theta, -np.inf)))
+    else:
+        k = int(np.argmax(slowest))
+    return BudgetDecision(k, float(seconds[k]), float(theta[k]))
+
+
 def allocate_top_k(survival: torch.Tensor, budget: int) -> torch.Tensor:
     """Hand `budget` verify slots to the highest survivals; per-request counts are prefix lengths."""
     _, order = _ranked_candidates(survival.detach().cpu().numpy())
@@ -119,6 +142,7 @@ class AsyncPlanner:
     count as survival 1 at every position (optimistic: new requests never shrink the capacity).
     `buckets` (sorted total verify-token sizes, e.g. CUDA-graph sizes) snap the step up to the
     next bucket and fill it with further drafts, since padded slots cost the same time.
+    `sla_tok_s_per_user` switches the capacity search to `decide_budget_sla`.
     """
 
     def __init__(
@@ -128,10 +152,12 @@ class AsyncPlanner:
         *,
         lag: int = 2,
         buckets: Sequence[int] | None = None,
+        sla_tok_s_per_user: float | None = None,
     ):
         if lag < 1:
             raise ValueError(f"lag must be >= 1, got {lag}")
         self.sps, self.gamma, self.lag = sps, gamma, lag
+        self.sla_tok_s_per_user = sla_tok_s_per_user
         self.buckets = sorted(int(b) for b in buckets) if buckets else None
         self._history: dict[Hashable, deque[torch.Tensor]] = {}
         self.last_decision: BudgetDecision | None = None
@@ -159,7 +185,10 @@ class AsyncPlanner:
         if not request_ids:
             return 0
         survival = torch.from_numpy(_host_survival(self._lagged_conf(request_ids)))
-        decision = decide_budget(survival, self.sps, early_stop=False)
+        if self.sla_tok_s_per_user is None:
+            decision = decide_budget(survival, self.sps, early_stop=False)
+        else:
+            decision = decide_budget_sla(survival, self.sps, self.sla_tok_s_per_user)
         self.last_decision = decision
         return self.snap(len(request_ids), decision.budget)
 

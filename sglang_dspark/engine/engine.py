@@ -49,6 +49,7 @@ class EngineConfig:
     buckets: tuple[int, ...] = DEFAULT_BUCKETS
     lag: int = 2  # the planner's confidence lag in steps (SGLang's relay lag)
     seed: int = 0
+    sla_tok_s_per_user: float | None = None  # SLA mode: capacity keeps every user above this speed
     max_records: int = 4096  # per-step records kept for /server_info
 
     def __post_init__(self) -> None:
@@ -86,7 +87,11 @@ class Engine:
             self.capture = ()
         self.sps = sps or SpsTable.flat(config.max_running * (self.gamma + 1))
         self.sts = sts_temperatures
-        self.planner = AsyncPlanner(self.sps, self.gamma, lag=config.lag, buckets=config.buckets) if self.gamma else None
+        self.planner = None
+        if self.gamma:
+            self.planner = AsyncPlanner(
+                self.sps, self.gamma, lag=config.lag, buckets=config.buckets, sla_tok_s_per_user=config.sla_tok_s_per_user
+            )
         self.eos_ids = self._eos_ids(tokenizer, target)
         self.metrics = EngineMetrics()
         self.records: deque[dict] = deque(maxlen=config.max_records)

@@ -1,4 +1,4 @@
-"""SGLang's native endpoints: /generate, /server_info, /metrics, /flush_cache, /health."""
+"""SGLang's native endpoints: /generate, /server_info, /metrics, /flush_cache, /health, /set_internal_state."""
 
 from __future__ import annotations
 
@@ -41,6 +41,42 @@ async def flush_cache(request: Request) -> Response:
     if not engine_of(request).flush_cache():
         raise APIError(400, "cache not flushed: requests are running or waiting", code="engine_busy")
     return PlainTextResponse("Cache flushed.\n")
+
+
+INTERNAL_STATE_KEYS = ("dspark_force_budget_frac", "dspark_clear_info_records")
+
+
+@router.api_route("/set_internal_state", methods=["POST", "PUT"])
+async def set_internal_state(request: Request) -> dict:
+    """SGLang's runtime knobs the SPS profiler uses: `{"server_args": {"dspark_force_budget_frac":
+    f | null, "dspark_clear_info_records": bool}}`. f in [0, 1] fixes the verify budget at
+    f * requests * gamma; null gives it back to the planner."""
+    try:
+        body = await request.json()
+    except ValueError:
+        raise APIError(400, "malformed JSON body", param="server_args") from None
+    args = body.get("server_args") if isinstance(body, dict) else None
+    if not isinstance(args, dict) or not args:
+        raise APIError(400, "server_args: a non-empty object is required", param="server_args")
+    for key in args:
+        if key not in INTERNAL_STATE_KEYS:
+            raise APIError(400, f"server_args.{key}: not supported (supported: {', '.join(INTERNAL_STATE_KEYS)})",
+                           param=f"server_args.{key}")
+    frac = args.get("dspark_force_budget_frac")
+    if "dspark_force_budget_frac" in args and frac is not None:
+        if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0.0 <= frac <= 1.0:
+            raise APIError(400, f"server_args.dspark_force_budget_frac: must be a number in [0, 1] or null, got {frac!r}",
+                           param="server_args.dspark_force_budget_frac")
+    clear = args.get("dspark_clear_info_records", False)
+    if not isinstance(clear, (bool, int)):
+        raise APIError(400, "server_args.dspark_clear_info_records: must be a boolean",
+                       param="server_args.dspark_clear_info_records")
+    engine = engine_of(request)
+    if "dspark_force_budget_frac" in args:
+        engine.forced_budget_frac = None if frac is None else float(frac)
+    if clear:
+        engine.records.clear()
+    return {"updated": True, "server_args": {"dspark_force_budget_frac": engine.forced_budget_frac}}
 
 
 @router.post("/generate")

@@ -1,31 +1,48 @@
-"""Tell the profile files a user passes apart: SPS step-time tables vs STS confidence calibrations.
+"""`launch --profile FILE`: load one SLA profile and check it belongs to this deployment.
 
-TODO(profile bundles): a single profile file that carries both is another issue; until then each
-`--profile` is one SGLang-format JSON file, recognised by its keys.
+The profile's fingerprint (engine, hardware, library versions, content hashes of the target and
+drafter, gamma) must match what is about to be launched; a mismatch is refused with one line
+listing every difference, unless forced (then it is only logged).
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+import logging
+from dataclasses import dataclass, field
 
-SPS_KEYS = ("sample_batch_tokens", "bias_seconds")  # SpsCostTable, SpsAdditiveCostTable
-STS_KEYS = ("temperatures",)
+from sglang_dspark.profiles import ProfileError, SlaProfile, SlaTier, check_fingerprint
+
+logger = logging.getLogger(__name__)
 
 
-def split_profiles(paths: list[str]) -> tuple[str | None, str | None]:
-    """(sps_path, sts_path) from the given files; ValueError with a one-line reason otherwise."""
-    found: dict[str, str] = {}
-    for path in paths:
-        try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"profile {path}: cannot read JSON ({exc})") from None
-        keys = data.keys() if isinstance(data, dict) else ()
-        kind = "sps" if any(k in keys for k in SPS_KEYS) else "sts" if any(k in keys for k in STS_KEYS) else None
-        if kind is None:
-            raise ValueError(f"profile {path}: neither an SPS table ({' or '.join(SPS_KEYS)}) nor an STS file (temperatures)")
-        if kind in found:
-            raise ValueError(f"profile {path}: a second {kind.upper()} file (first: {found[kind]})")
-        found[kind] = str(path)
-    return found.get("sps"), found.get("sts")
+@dataclass(frozen=True)
+class LaunchProfile:
+    path: str
+    profile: SlaProfile
+    tier: SlaTier | None = None
+    mismatches: list[str] = field(default_factory=list)  # non-empty only when forced
+
+    def describe(self) -> str:
+        tier = f" tier={self.tier.name} ({self.tier.tok_s_per_user} tok/s/user)" if self.tier else ""
+        forced = f" FORCED despite: {'; '.join(self.mismatches)}" if self.mismatches else ""
+        return f"{self.path} ({self.profile.name}){tier}{forced}"
+
+
+def resolve_profile(path: str, *, engine: str, model: str, draft: str | None, force: bool = False,
+                    tier: str | None = None) -> LaunchProfile:
+    """Load `path`, check its fingerprint against `engine` / `model` / `draft` and this machine, and
+    pick `tier`. ProfileError (one line) on any problem; with `force` a fingerprint mismatch is a
+    logged warning instead."""
+    profile = SlaProfile.load(path)
+    try:
+        chosen = profile.tier(tier) if tier is not None else None
+    except ProfileError as exc:  # "<name>: sla_tiers: ..." -> "<path>: sla_tiers: ..."
+        raise ProfileError(f"{path}: --sla-tier {tier}: {str(exc).split(': ', 1)[1]}") from None
+    lines = check_fingerprint(profile, engine=engine, target_dir=model, draft_dir=draft)
+    if lines and not force:
+        raise ProfileError(f"{path}: fingerprint does not match this launch (--force-profile to use it anyway): "
+                           + "; ".join(lines))
+    if lines:
+        logger.warning("profile %s does not match this launch, used anyway (--force-profile): %s", path,
+                       "; ".join(lines))
+    return LaunchProfile(str(path), profile, chosen, lines)

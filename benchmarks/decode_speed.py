@@ -1,0 +1,133 @@
+"""Decode speed of the reference engine: target-only vs DSpark full verify vs DSpark scheduled.
+
+For each concurrency C, every mode serves the same 2*C held-out chat prompts (code, chat, math)
+with at most C running at once; modes run back to back inside each concurrency so machine noise
+hits them alike. Reports output tokens/s (completion tokens over wall time from first submit to
+last finish) and tau (tokens emitted per request per decode step, bonus included).
+
+    python benchmarks/decode_speed.py [--concurrency 1,4,16] [--max-tokens 96] [--temperature 0]
+        [--profile sla_profiles/smollm2-135m-instruct-cpu.yaml] [--out benchmarks/results/decode_speed.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+MODES = ("target", "full", "scheduled")
+
+
+def run_mode(engine, prompts: list[list[int]], params, concurrency: int) -> dict:
+    done = threading.Event()
+    lock = threading.Lock()
+    state = {"left": len(prompts), "tokens": 0}
+
+    def callback(out):
+        if out.finished:
+            with lock:
+                state["tokens"] += out.completion_tokens
+                state["left"] -= 1
+                if state["left"] == 0:
+                    done.set()
+
+    engine.records.clear()
+    engine.start()
+    start = time.perf_counter()
+    for ids in prompts:
+        engine.submit(ids, params, callback)
+    done.wait(timeout=3600)
+    wall = time.perf_counter() - start
+    engine.shutdown()
+    records = list(engine.records)
+    emitted = sum(r["bs"] + r["accepted_drafts"] for r in records)
+    return {
+        "output_tok_s": round(state["tokens"] / wall, 2),
+        "tau": round(emitted / max(1, sum(r["bs"] for r in records)), 3),
+        "wall_s": round(wall, 2),
+        "completion_tokens": state["tokens"],
+        "mean_verify_tokens_per_step": round(sum(r["num_verify_tokens"] for r in records) / max(1, len(records)), 2),
+        "steps": len(records),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="target directory or zoo name")
+    parser.add_argument("--draft", default=str(ROOT / "launch/models/smollm2-135m-instruct-dspark"), help="drafter directory")
+    parser.add_argument("--profile", default=str(ROOT / "sla_profiles/smollm2-135m-instruct-cpu.yaml"),
+                        help="SLA profile whose SPS table drives the scheduled mode")
+    parser.add_argument("--concurrency", default="1,4,16", help="comma-separated concurrency levels")
+    parser.add_argument("--max-tokens", type=int, default=96, help="completion tokens per request")
+    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/decode_speed.json"), help="JSON output path")
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch.set_num_threads(args.threads)
+
+    from transformers import AutoTokenizer
+
+    from sglang_dspark.drafter.checkpoint import load_drafter
+    from sglang_dspark.engine.engine import Engine, EngineConfig
+    from sglang_dspark.engine.sampling import SamplingParams
+    from sglang_dspark.engine.target_model import TargetModel
+    from sglang_dspark.launch import DEFAULT_CACHE, resolve_model
+    from sglang_dspark.profiles import SlaProfile
+    from sglang_dspark.train.prompts import split_prompts
+
+    model_dir, _ = resolve_model(args.model, "reference", DEFAULT_CACHE, fetch=True)
+    target = TargetModel.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    drafter = load_drafter(args.draft, target.embed_tokens, target.lm_head)
+    profile = SlaProfile.load(args.profile)
+    records = split_prompts("heldout")
+
+    def encode(text):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=None)
+    rows = []
+    for concurrency in [int(c) for c in args.concurrency.split(",")]:
+        prompts = [encode(records[i % len(records)]["prompt"]) for i in range(2 * concurrency)]
+        row = {"concurrency": concurrency, "requests": len(prompts)}
+        for mode in MODES:
+            engine = Engine(
+                target, tokenizer, drafter if mode != "target" else None,
+                config=EngineConfig(mode=mode, max_running=concurrency, max_len=1024),
+                sps=profile.sps_table() if mode == "scheduled" else None,
+                sts_temperatures=profile.sts_temperatures(), model_name=args.model,
+            )
+            row[mode] = run_mode(engine, prompts, params, concurrency)
+            print(f"  C={concurrency:<3} {mode:<9} {row[mode]['output_tok_s']:>8.2f} tok/s  tau {row[mode]['tau']:.2f}", flush=True)
+        best_baseline = max(row["target"]["output_tok_s"], row["full"]["output_tok_s"])
+        row["dspark_vs_target"] = round(row["full"]["output_tok_s"] / row["target"]["output_tok_s"], 3)
+        row["scheduled_vs_best_baseline"] = round(row["scheduled"]["output_tok_s"] / best_baseline, 3)
+        rows.append(row)
+
+    print(f"\n{'C':>3} {'target tok/s':>13} {'full tok/s':>11} {'sched tok/s':>12} {'tau full':>9} {'tau sched':>10} {'full/target':>12} {'sched/best':>11}")
+    for r in rows:
+        print(f"{r['concurrency']:>3} {r['target']['output_tok_s']:>13.2f} {r['full']['output_tok_s']:>11.2f} "
+              f"{r['scheduled']['output_tok_s']:>12.2f} {r['full']['tau']:>9.2f} {r['scheduled']['tau']:>10.2f} "
+              f"{r['dspark_vs_target']:>12.3f} {r['scheduled_vs_best_baseline']:>11.3f}")
+    result = {
+        "benchmark": "decode_speed",
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "torch_threads": args.threads},
+        "model": args.model, "draft": args.draft, "profile": args.profile,
+        "max_tokens": args.max_tokens, "temperature": args.temperature,
+        "rows": rows,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""SLA profiles: validate, export to SGLang, capture.
+
+    python -m sglang_dspark.profile validate PROFILE.yaml [--model DIR --draft DIR]
+    python -m sglang_dspark.profile export PROFILE.yaml --out DIR
+    python -m sglang_dspark.profile capture-http --base-url http://127.0.0.1:30000 --out PROFILE.yaml
+
+Errors are one line on stderr, `error: <file>: <reason naming the field>`, exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+import msgspec
+
+from sglang_dspark.profiles import ProfileError, SlaProfile
+
+EXIT_ERROR = 2
+
+
+def _add_validate(subparsers) -> None:
+    p = subparsers.add_parser(
+        "validate", help="check a profile (schema, semantics, and with --model/--draft its fingerprint)",
+        description="Exit 0 with a one-line summary for a valid profile; exit 2 with one line naming the field "
+                    "otherwise.")
+    p.add_argument("file", type=Path, metavar="FILE", help="the SLA profile YAML")
+    p.add_argument("--model", metavar="DIR", help="target model directory: check its content hash, the hardware and "
+                                                  "library versions against the fingerprint")
+    p.add_argument("--draft", metavar="DIR", help="drafter directory: check its content hash and gamma (its config's "
+                                                  "block_size) against the fingerprint")
+    p.add_argument("--engine", choices=("reference", "sglang"),
+                   help="also require the profile to be for this engine (default: not checked)")
+    p.set_defaults(func=_run_validate)
+
+
+def _run_validate(args) -> int:
+    from sglang_dspark.profile.validate import validate_file
+
+    profile, _ = validate_file(args.file, model=args.model, draft=args.draft, engine=args.engine)
+    checked = " (fingerprint matches)" if args.model or args.draft else ""
+    print(f"ok {args.file}: {profile.summary()}{checked}")
+    return 0
+
+
+def _add_export(subparsers) -> None:
+    p = subparsers.add_parser(
+        "export", help="write SGLang's SPS table and STS JSON files from a profile",
+        description="Writes sps_table.json (the additive table when the profile has one, else the cost table) "
+                    "and sts_calibration.json (when the profile has STS), for SGLang's "
+                    "--speculative-dspark-sps-table-path and --speculative-dspark-confidence-sts-path.")
+    p.add_argument("file", type=Path, metavar="FILE", help="the SLA profile YAML")
+    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="directory to write the JSON files into")
+    p.set_defaults(func=_run_export)
+
+
+def _run_export(args) -> int:
+    profile = SlaProfile.load(args.file)
+    sps, sts = profile.export_sglang(args.out)
+    print(f"--speculative-dspark-sps-table-path {sps}")
+    if sts is not None:
+        print(f"--speculative-dspark-confidence-sts-path {sts}")
+    return 0
+
+
+def _add_capture(subparsers) -> None:
+    """The in-process capture (reference engine) registers itself here: a module
+    `sglang_dspark.profile.capture_cli` with `add_parser(subparsers)` (or `sglang_dspark.profile.capture`
+    with `add_capture_parser(subparsers)`) that adds its sub-parser with `set_defaults(func=run)`,
+    run(args) -> int, raising ProfileError / ValueError for a one-line error. Skipped while absent."""
+    import importlib
+
+    for module, hook in (("sglang_dspark.profile.capture_cli", "add_parser"),
+                         ("sglang_dspark.profile.capture", "add_capture_parser")):
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            continue
+        if hasattr(mod, hook):
+            getattr(mod, hook)(subparsers)
+            return
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m sglang_dspark.profile", description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n".join(__doc__.splitlines()[2:]))
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress (INFO level)")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_validate(subparsers)
+    _add_export(subparsers)
+    from sglang_dspark.profile.http_capture import add_capture_http_parser
+
+    add_capture_http_parser(subparsers)
+    _add_capture(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except (ProfileError, msgspec.ValidationError, ValueError, OSError) as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.exit(main())

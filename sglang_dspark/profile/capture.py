@@ -1,0 +1,164 @@
+"""In-process SPS(B) capture against the reference engine, and the fits SGLang's tables take.
+
+For each batch size R, R long requests are prefilled, then decode steps run with a forced verify
+budget b (the profiler knob SGLang calls dspark_force_budget_frac), so every probe measures a whole
+decode step (draft + ragged verify + commit) at batch tokens B = R + b. Probes run in a shuffled
+order so slow drift (context growth, a noisy neighbour) does not masquerade as a B effect.
+
+Two tables are fitted from the medians:
+- SGLang's 1-D `SpsCostTable` (SPS as a floor step function of B), and
+- SGLang's `SpsAdditiveCostTable`, step = bias + alpha(R) + theta(B), by least squares: the
+  per-request term alpha carries the drafting cost, which a 1-D table cannot separate from B.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from dataclasses import dataclass
+
+import numpy as np
+
+from sglang_dspark.core.sps import SpsAdditiveCostTable, SpsCostTable
+from sglang_dspark.engine.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class Probe:
+    num_requests: int
+    batch_tokens: int
+    samples_ms: tuple[float, ...]
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.samples_ms)
+
+    def quantile_ms(self, q: float) -> float:
+        return float(np.quantile(self.samples_ms, q))
+
+
+def budget_grid(num_requests: int, gamma: int, points: int) -> list[int]:
+    """Budgets 0..R*G: every value while few, else `points` spread evenly (ends included)."""
+    top = num_requests * gamma
+    if top + 1 <= points:
+        return list(range(top + 1))
+    return sorted({round(i * top / (points - 1)) for i in range(points)})
+
+
+def _start_requests(engine, prompt_ids: list[int], count: int, max_tokens: int) -> None:
+    for i in range(count):
+        engine.submit(prompt_ids, SamplingParams(max_tokens=max_tokens, temperature=1.0, ignore_eos=True, seed=i), lambda out: None)
+    for _ in range(10_000):  # until every request has finished its prefill
+        engine.step()
+        if engine.num_running == count and all(not r.prefilling for r in engine._running):
+            return
+    raise RuntimeError("requests did not finish prefill")
+
+
+def _reset(engine) -> None:
+    for req in list(engine._running):
+        engine.abort(req.id)
+    engine.step()  # drains the aborts; nothing is left to run
+
+
+def capture(
+    engine,
+    prompt_ids: list[int],
+    *,
+    requests: list[int],
+    points: int = 9,
+    warmup: int = 2,
+    repeats: int = 7,
+    seed: int = 0,
+    progress=None,
+) -> list[Probe]:
+    """Median decode-step time for every (R, budget) probe. `engine` must be in scheduled mode."""
+    gamma = engine.gamma
+    probes = [(r, b) for r in requests for b in budget_grid(r, gamma, points)]
+    random.Random(seed).shuffle(probes)
+    # Every probe costs at most (warmup + repeats) steps of up to G + 1 tokens per request.
+    max_tokens = engine.max_len - len(prompt_ids)
+    results = []
+    for num_requests, budget in probes:
+        need = (warmup + repeats) * (gamma + 1)
+        lengths = [len(r.output_ids) for r in engine._running]
+        if engine.num_running != num_requests or (lengths and max(lengths) + need > max_tokens):
+            _reset(engine)
+            _start_requests(engine, prompt_ids, num_requests, max_tokens)
+        engine.forced_budget_frac = min(1.0, (budget + 0.5) / (num_requests * gamma))
+        for _ in range(warmup):
+            engine.step()
+        start = len(engine.records)
+        for _ in range(repeats):
+            engine.step()
+        records = list(engine.records)[start:]
+        tokens = statistics.median_low([r["num_verify_tokens"] for r in records])
+        results.append(Probe(num_requests, tokens, tuple(r["step_ms"] for r in records if r["num_verify_tokens"] == tokens)))
+        if progress is not None:
+            progress.update(1)
+    engine.forced_budget_frac = None
+    _reset(engine)
+    return sorted(results, key=lambda p: (p.num_requests, p.batch_tokens))
+
+
+def fit_cost_table(probes: list[Probe], max_batch_tokens: int) -> SpsCostTable:
+    """SGLang's 1-D form: SPS at each measured B (median over the R that reached it)."""
+    by_tokens: dict[int, list[float]] = {}
+    for p in probes:
+        by_tokens.setdefault(p.batch_tokens, []).append(p.median_ms)
+    tokens = sorted(by_tokens)
+    return SpsCostTable(
+        sample_batch_tokens=tokens,
+        sample_steps_per_sec=[1000.0 / statistics.median(by_tokens[b]) for b in tokens],
+        max_batch_tokens=max(max_batch_tokens, tokens[-1]),
+    )
+
+
+def fit_additive_table(probes: list[Probe]) -> SpsAdditiveCostTable:
+    """Least squares for step seconds = bias + alpha(R) + theta(B) at the probed R and B."""
+    rs = sorted({p.num_requests for p in probes})
+    bs = sorted({p.batch_tokens for p in probes})
+    design = np.zeros((len(probes), len(rs) - 1 + len(bs)))
+    target = np.array([p.median_ms / 1000.0 for p in probes])
+    for i, p in enumerate(probes):
+        r = rs.index(p.num_requests)
+        if r:  # alpha(R_min) = 0: the constant lives in theta
+            design[i, r - 1] = 1.0
+        design[i, len(rs) - 1 + bs.index(p.batch_tokens)] = 1.0
+    coef, *_ = np.linalg.lstsq(design, target, rcond=None)
+    alpha = [0.0] + coef[: len(rs) - 1].tolist()
+    theta = coef[len(rs) - 1 :]
+    bias = max(float(theta.min()) * 0.5, 1e-5)  # SGLang requires bias > 0
+    return SpsAdditiveCostTable(
+        bias_seconds=bias, bs_probes=rs, alpha_seconds=alpha, m_probes=bs, theta_seconds=(theta - bias).tolist()
+    )
+
+
+def plot(probes: list[Probe], additive: SpsAdditiveCostTable, path) -> None:
+    """Measured SPS(B) per batch size R (medians with p10-p90 bars) and the additive fit."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from sglang_dspark.core.sps import SpsTable
+
+    table = SpsTable(additive)
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for r in sorted({p.num_requests for p in probes}):
+        ps = [p for p in probes if p.num_requests == r]
+        x = [p.batch_tokens for p in ps]
+        y = [1000.0 / p.median_ms for p in ps]
+        err = [[yi - 1000.0 / p.quantile_ms(0.1) for yi, p in zip(y, ps)], [1000.0 / p.quantile_ms(0.9) - yi for yi, p in zip(y, ps)]]
+        err = [[abs(e) for e in err[0]], [abs(e) for e in err[1]]]
+        line = ax.errorbar(x, y, yerr=err, marker="o", ms=3, capsize=2, label=f"R={r} measured")
+        fx = list(range(r, max(x) + 1))
+        ax.plot(fx, [table(b, num_requests=r) for b in fx], "--", color=line[0].get_color(), alpha=0.6)
+    ax.set_xlabel("verify batch tokens B = R + budget")
+    ax.set_ylabel("decode steps per second")
+    ax.set_title("SPS(B) of the reference engine (dashed: additive fit)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

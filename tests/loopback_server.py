@@ -1,0 +1,28 @@
+"""Serve an app with uvicorn on a free loopback port in a background thread (tests only)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+
+import uvicorn
+
+
+@contextlib.contextmanager
+def serve_on_loopback(app):
+    """Yields the base URL; stops the server on exit."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)

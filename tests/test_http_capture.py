@@ -1,0 +1,78 @@
+"""capture-http against our own server in process (tiny engine, loopback), and /set_internal_state."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from engine_fixtures import tiny_engine
+from loopback_server import serve_on_loopback
+from sglang_dspark.profile.__main__ import main as profile_main
+from sglang_dspark.profile.http_capture import aggregate
+from sglang_dspark.profiles import ProfileError, SlaProfile
+from sglang_dspark.server import create_app
+
+
+@pytest.fixture(scope="module")
+def server():
+    engine = tiny_engine("scheduled", max_running=4)
+    engine.start()
+    try:
+        with serve_on_loopback(create_app(engine)) as base:
+            yield engine, base
+    finally:
+        engine.shutdown()
+
+
+def test_set_internal_state(server):
+    engine, base = server
+    url = f"{base}/set_internal_state"
+    r = httpx.post(url, json={"server_args": {"dspark_force_budget_frac": 0.5}})
+    assert r.status_code == 200 and r.json()["updated"] is True and engine.forced_budget_frac == 0.5
+    for bad in ({"server_args": {"dspark_force_budget_frac": 1.5}}, {"server_args": {"dspark_force_budget_frac": "x"}},
+                {"server_args": {"pp_max_micro_batch_size": 8}}, {"server_args": {}}, {"nope": 1}):
+        r = httpx.post(url, json=bad)
+        assert r.status_code == 400, bad
+        assert r.json()["error"]["message"].startswith("server_args")
+    assert engine.forced_budget_frac == 0.5  # a refused update changes nothing
+    r = httpx.post(url, json={"server_args": {"dspark_force_budget_frac": None, "dspark_clear_info_records": True}})
+    assert r.status_code == 200 and engine.forced_budget_frac is None and len(engine.records) == 0
+
+
+def test_capture_http_writes_a_valid_profile(server, tmp_path, capsys):
+    engine, base = server
+    out = tmp_path / "http.yaml"
+    rc = profile_main(["capture-http", "--base-url", base, "--out", str(out), "--fractions", "0.25,1.0",
+                       "--concurrency", "1,3", "--max-new-tokens", "12", "--min-samples", "2", "--warmup-steps", "1",
+                       "--tier", "interactive:20:2:3", "--timeout", "60"])
+    assert rc == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.startswith(f"wrote {out}: http: engine=reference")
+    profile = SlaProfile.load(out)  # the schema's own checks passed
+    assert profile.fingerprint.engine == "reference" and profile.fingerprint.gamma == engine.gamma == 4
+    assert profile.fingerprint.target_sha256 == "unknown"  # no --model given
+    rows = profile.sps.measurements
+    assert rows and all(r.repeats >= 2 for r in rows)
+    assert {r.num_requests for r in rows} >= {1}
+    cost = profile.sps.cost
+    assert cost.sample_batch_tokens == sorted({r.batch_tokens for r in rows})
+    assert cost.max_batch_tokens == 4 * (4 + 1)
+    assert profile.tier("interactive").max_concurrency == 3
+    assert engine.forced_budget_frac is None  # handed back to the planner
+    assert profile_main(["validate", str(out)]) == 0
+
+
+def test_capture_http_refuses_a_dead_server(tmp_path, capsys):
+    rc = profile_main(["capture-http", "--base-url", "http://127.0.0.1:9", "--out", str(tmp_path / "x.yaml"),
+                       "--timeout", "5"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("error: GET http://127.0.0.1:9/server_info") and "\n" not in err
+
+
+def test_aggregate_medians_and_min_samples():
+    records = [{"bs": 2, "num_verify_tokens": 6, "step_ms": v} for v in (10.0, 12.0, 11.0)]
+    records += [{"bs": 1, "num_verify_tokens": 3, "step_gpu_ms": 5.0}]  # SGLang's field; too few samples
+    cost, rows = aggregate(records, min_samples=2)
+    assert cost.sample_batch_tokens == [6] and cost.sample_steps_per_sec == [round(1000 / 11.0, 6)]
+    assert rows[0].median_ms == 11.0 and rows[0].p10_ms == pytest.approx(10.2) and rows[0].repeats == 3
+    with pytest.raises(ProfileError, match="min-samples"):
+        aggregate(records[-1:], min_samples=2)

@@ -1,0 +1,121 @@
+"""launch --profile: one SLA profile YAML, fingerprint-checked, refused in one line when it does not fit."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from sglang_dspark import launch
+from test_profiles import BAD_EDITS, make_model_dirs, make_profile
+
+
+@pytest.fixture
+def setup(tmp_path):
+    target, draft = make_model_dirs(tmp_path, gamma=3)
+    path = tmp_path / "profile.yaml"
+    make_profile(engine="reference", target_dir=target, draft_dir=draft).save(path)
+    return target, draft, path
+
+
+def _launch(target, draft, *extra):
+    return launch.main(["--model", str(target), "--draft", str(draft), "--engine", "reference", "--dry-run", *extra])
+
+
+def test_matching_profile_and_tier(setup, capsys):
+    target, draft, path = setup
+    assert _launch(target, draft, "--profile", str(path), "--sla-tier", "interactive") == 0
+    out = capsys.readouterr().out
+    assert f"profile={path} (tiny-dspark-cpu) tier=interactive (20.0 tok/s/user)" in out and "FORCED" not in out
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err
+    return err
+
+
+@pytest.mark.parametrize("old,new,reason", [e for e in BAD_EDITS if e[2] in (
+    "name: missing required field", "fingerprint.gamma: Expected `int`, got `str`", "sps.cost.sample_batch_tokens",
+    "sts.temperatures: 2 temperatures, but fingerprint.gamma is 3")])
+def test_bad_profile_is_refused(setup, capsys, old, new, reason):
+    target, draft, path = setup
+    bad = path.with_name("bad.yaml")
+    text = path.read_text()
+    assert old in text
+    bad.write_text(text.replace(old, new, 1))
+    assert _launch(target, draft, "--profile", str(bad)) == 2
+    err = _one_line_error(capsys)
+    assert err.startswith(f"error: {bad}: ") and reason in err
+
+
+def test_unknown_tier_is_refused(setup, capsys):
+    target, draft, path = setup
+    assert _launch(target, draft, "--profile", str(path), "--sla-tier", "gold") == 2
+    assert _one_line_error(capsys) == f"error: {path}: --sla-tier gold: sla_tiers: no tier 'gold' (known: interactive, batch)"
+
+
+def test_mismatched_fingerprint_is_refused_unless_forced(setup, tmp_path, capsys, caplog):
+    target, _, path = setup
+    _, other_draft = make_model_dirs(tmp_path / "other", gamma=5)  # another drafter, gamma 5
+    assert _launch(target, other_draft, "--profile", str(path)) == 2
+    err = _one_line_error(capsys)
+    assert "fingerprint does not match" in err and "--force-profile" in err
+    assert "draft_sha256: profile" in err and "gamma: profile 3, actual 5" in err and "target_sha256" not in err
+
+    with caplog.at_level(logging.WARNING):
+        assert _launch(target, other_draft, "--profile", str(path), "--force-profile") == 0
+    assert "FORCED despite: draft_sha256" in capsys.readouterr().out
+    assert any("used anyway" in r.getMessage() and "gamma: profile 3, actual 5" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_profile_for_another_engine_or_machine_is_refused(setup, tmp_path, capsys):
+    target, draft, _ = setup
+    sglang_profile = tmp_path / "sglang.yaml"
+    make_profile(engine="sglang", target_dir=target, draft_dir=draft).save(sglang_profile)
+    assert _launch(target, draft, "--profile", str(sglang_profile)) == 2
+    assert "engine: profile 'sglang', actual 'reference'" in _one_line_error(capsys)
+
+    foreign = tmp_path / "foreign.yaml"
+    make_profile(target_dir=None).save(foreign)  # hashes, hardware and versions of somewhere else
+    assert _launch(target, draft, "--profile", str(foreign)) == 2
+    err = _one_line_error(capsys)
+    assert "hardware: profile 'cpu: Test CPU x2'" in err and "target_sha256" in err
+
+
+def test_build_reference_engine_takes_the_profile(monkeypatch, setup):
+    """The reference engine gets profile.sps_table() and sts_temperatures(); the SLA tier reaches
+    EngineConfig only when it has the field."""
+    import dataclasses
+
+    import torch
+
+    from sglang_dspark.engine import engine as engine_mod
+    from sglang_dspark.server import bootstrap
+
+    captured = {}
+
+    class FakeEngine:
+        def __init__(self, target, tokenizer, drafter, *, config, sps, sts_temperatures, model_name):
+            captured.update(config=config, sps=sps, sts=sts_temperatures)
+
+    class FakeTarget:
+        embed_tokens = lm_head = None
+
+        @classmethod
+        def from_pretrained(cls, path):
+            return cls()
+
+    monkeypatch.setattr(engine_mod, "Engine", FakeEngine)
+    monkeypatch.setattr("sglang_dspark.engine.target_model.TargetModel", FakeTarget)
+    monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", lambda path: object())
+    monkeypatch.setattr("sglang_dspark.drafter.checkpoint.load_drafter", lambda *a, **k: object())
+    target, draft, path = setup
+    profile = make_profile(additive=True)
+    bootstrap.build_reference_engine(str(target), str(draft), profile, "scheduled", 4, 256,
+                                     sla_tok_s_per_user=20.0)
+    assert captured["sps"].table == profile.sps.additive
+    assert torch.equal(captured["sts"], torch.tensor([1.0, 1.3, 0.7]))
+    has_sla = "sla_tok_s_per_user" in {f.name for f in dataclasses.fields(engine_mod.EngineConfig)}
+    assert (getattr(captured["config"], "sla_tok_s_per_user", None) == 20.0) == has_sla

@@ -1,0 +1,267 @@
+"""SLA profiles: schema, one-line errors naming the field, round trip, fingerprints, SGLang export, CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+import torch
+
+from sglang_dspark.core.calibration import StsCalibration
+from sglang_dspark.core.sps import SpsAdditiveCostTable, SpsCostTable
+from sglang_dspark.profile.__main__ import main as profile_main
+from sglang_dspark.profiles import (
+    Fingerprint,
+    Measurement,
+    ProfileError,
+    Provenance,
+    SlaProfile,
+    SlaTier,
+    SpsSection,
+    dir_sha256,
+    fingerprint_for,
+    fingerprint_mismatches,
+    hardware_id,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def make_model_dirs(root: Path, gamma: int = 3) -> tuple[Path, Path]:
+    """Stand-in target / drafter directories: only config.json and *.safetensors are hashed."""
+    target, draft = root / "target", root / "draft"
+    target.mkdir(parents=True, exist_ok=True)
+    draft.mkdir(parents=True, exist_ok=True)
+    (target / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 48}))
+    (target / "model.safetensors").write_bytes(b"target-weights")
+    (draft / "config.json").write_text(json.dumps({"block_size": gamma, "architectures": ["DSparkDraftModel"]}))
+    (draft / "model.safetensors").write_bytes(b"draft-weights")
+    return target, draft
+
+
+def make_profile(*, gamma: int = 3, engine: str = "reference", target_dir=None, draft_dir=None, additive: bool = False,
+                 sts: bool = True) -> SlaProfile:
+    if target_dir is not None:
+        fp = fingerprint_for(engine=engine, target_dir=target_dir, draft_dir=draft_dir, gamma=gamma)
+    else:
+        fp = Fingerprint(engine=engine, hardware="cpu: Test CPU x2", torch="2.14.1", sglang="0.5.23",
+                         target_sha256="a" * 64, draft_sha256="b" * 64, gamma=gamma)
+    add = SpsAdditiveCostTable(bias_seconds=0.004, bs_probes=[1, 4, 16], alpha_seconds=[0.0, 0.001, 0.003],
+                               m_probes=[1, 8, 32, 64], theta_seconds=[0.0, 0.002, 0.006, 0.0125]) if additive else None
+    return SlaProfile(
+        version=1, name="tiny-dspark-cpu", fingerprint=fp,
+        sps=SpsSection(
+            cost=SpsCostTable(sample_batch_tokens=[1, 4, 8, 16, 32], sample_steps_per_sec=[95.5, 90.0, 71.25, 50.0, 1 / 0.03],
+                              max_batch_tokens=64),
+            additive=add,
+            measurements=[Measurement(1, 1, 10.47, 10.1, 11.0, 7), Measurement(1, 4, 11.1, 10.9, 12.5, 7),
+                          Measurement(4, 8, 14.03, 13.0, 15.2, 7), Measurement(4, 16, 20.0, 19.5, 21.7, 7)]),
+        sts=StsCalibration(temperatures=[1.0, 1.3, 0.7][:gamma] + [1.1] * max(0, gamma - 3), dataset="held-out",
+                           num_samples=512, ece_before=[0.05] * gamma, ece_after=[0.01] * gamma) if sts else None,
+        sla_tiers=[SlaTier("interactive", 20.0, 2.0, 4), SlaTier("batch", 5.0, 30.0, 16)],
+        provenance=Provenance(command="python -m sglang_dspark.profile capture ...", date="2026-11-29T14:00:00Z",
+                              repeats=7, warmup=2, host="test-host"))
+
+
+@pytest.fixture
+def good_yaml(tmp_path) -> Path:
+    path = tmp_path / "good.yaml"
+    make_profile().save(path)
+    return path
+
+
+def _edit(path: Path, old: str, new: str, count: int = 1) -> Path:
+    text = path.read_text()
+    assert old in text, f"{old!r} not in the profile"
+    out = path.with_name("bad.yaml")
+    out.write_text(text.replace(old, new, count))
+    return out
+
+
+# -- schema and round trip -----------------------------------------------------------------------
+@pytest.mark.parametrize("additive,sts", [(False, True), (True, False)])
+def test_round_trip_is_exact(tmp_path, additive, sts):
+    profile = make_profile(additive=additive, sts=sts)
+    path = tmp_path / "p.yaml"
+    profile.save(path)
+    loaded = SlaProfile.load(path)
+    assert loaded == profile
+    loaded.save(tmp_path / "again.yaml")
+    assert (tmp_path / "again.yaml").read_text() == path.read_text()
+    text = path.read_text()  # human-readable: block mappings, one line per measurement row
+    assert "fingerprint:\n  engine: reference\n" in text and "- {num_requests: 1, batch_tokens: 1," in text
+
+
+def test_accessors():
+    profile = make_profile(additive=True)
+    assert profile.sps_table().table == profile.sps.additive  # additive wins: it models per-request cost
+    assert make_profile().sps_table().table == make_profile().sps.cost
+    assert torch.equal(profile.sts_temperatures(), torch.tensor([1.0, 1.3, 0.7]))
+    assert make_profile(sts=False).sts_temperatures() is None
+    assert profile.tier("batch").max_concurrency == 16
+    with pytest.raises(ProfileError, match=r"no tier 'gold' \(known: interactive, batch\)"):
+        profile.tier("gold")
+
+
+BAD_EDITS = [
+    # (old, new, words the one-line reason must contain)
+    ("  gamma: 3\n", "", "fingerprint.gamma"),  # missing -> default 0 -> refused by gamma >= 1
+    ("name: tiny-dspark-cpu\n", "", "name: missing required field"),
+    ("  tp: 1\n", "  tp: one\n", "fingerprint.tp: Expected `int`, got `str`"),
+    ("  gamma: 3\n", "  gamma: '3'\n", "fingerprint.gamma: Expected `int`, got `str`"),
+    ("[1, 4, 8, 16, 32]", "[1, 8, 4, 16, 32]", "sps.cost.sample_batch_tokens"),
+    ("sample_steps_per_sec: [95.5,", "sample_steps_per_sec: [-95.5,", "sps.cost.sample_steps_per_sec"),
+    ("temperatures: [1.0, 1.3, 0.7]", "temperatures: [1.0, 1.3]", "sts.temperatures: 2 temperatures, but fingerprint.gamma is 3"),
+    ("version: 1", "version: 2", "version"),
+    ("{num_requests: 4, batch_tokens: 16,", "{num_requests: 1, batch_tokens: 16,", "sps.measurements[3]"),
+    ("tok_s_per_user: 20.0", "tok_s_per_user: 0.0", "sla_tiers[0].tok_s_per_user: must be > 0"),
+    ("max_concurrency: 16", "max_concurrency: 0", "sla_tiers[1].max_concurrency"),
+    ("name: batch", "name: interactive", "sla_tiers[1].name: duplicate"),
+    ("  engine: reference\n", "  engine: vllm\n", "fingerprint.engine"),
+    ("  host: test-host\n", "  host: test-host\n  hostname: x\n", "provenance.hostname: unknown field"),
+    ("  dataset: held-out\n", "  datset: held-out\n", "sts.datset: unknown field"),
+    ("repeats: 7}", "repeats: 7, p50_ms: 1.0}", "sps.measurements[0].p50_ms: unknown field"),
+    ("sps:\n", "sps: [\n", "not valid YAML"),
+]
+
+
+@pytest.mark.parametrize("old,new,reason", BAD_EDITS, ids=[r for *_, r in BAD_EDITS])
+def test_bad_profile_is_refused_with_the_field_named(good_yaml, old, new, reason):
+    bad = _edit(good_yaml, old, new)
+    with pytest.raises(ProfileError) as exc:
+        SlaProfile.load(bad)
+    message = str(exc.value)
+    assert message.startswith(f"{bad}: ") and reason in message and "\n" not in message
+
+
+def test_unquoted_timestamp_is_still_a_date(good_yaml):
+    bad = _edit(good_yaml, "date: '2026-11-29T14:00:00Z'", "date: 2026-11-29T14:00:00Z")
+    assert SlaProfile.load(bad).provenance.date == "2026-11-29T14:00:00Z"
+
+
+def test_construction_validates_too():
+    with pytest.raises(ValueError, match="gamma"):
+        Fingerprint(engine="reference", hardware="x", torch="t", sglang=None, target_sha256="a", draft_sha256=None)
+    with pytest.raises(ValueError, match="measurements"):
+        SpsSection(cost=SpsCostTable([1], [1.0], 1), measurements=[Measurement(2, 2, 1, 1, 1, 1), Measurement(1, 1, 1, 1, 1, 1)])
+
+
+# -- fingerprints ----------------------------------------------------------------------------------
+def test_hardware_id_and_dir_hash(tmp_path):
+    hw = hardware_id()
+    assert hw.startswith(("cpu: ", "cuda: ")) and hw.rsplit(" x", 1)[1].isdigit()
+    target, _ = make_model_dirs(tmp_path)
+    first = dir_sha256(target)
+    (target / "tokenizer.json").write_text("{}")  # not hashed: only config.json and *.safetensors
+    assert dir_sha256(target) == first
+    (target / "model.safetensors").write_bytes(b"other-weights")
+    assert dir_sha256(target) != first
+    with pytest.raises(ProfileError, match="not a local directory"):
+        dir_sha256(tmp_path / "missing")
+
+
+def test_fingerprint_mismatches_name_every_difference(tmp_path):
+    target, draft = make_model_dirs(tmp_path)
+    fp = fingerprint_for(engine="reference", target_dir=target, draft_dir=draft, gamma=3)
+    assert fingerprint_mismatches(fp, fp) == []
+    other = msgspec.structs.replace(fp, gamma=5, hardware="cuda: H200 x1", torch="9.9.9", target_sha256="c" * 64)
+    lines = fingerprint_mismatches(fp, other)
+    assert lines[0].startswith("hardware: profile 'cpu: ") and lines[0].endswith("actual 'cuda: H200 x1'")
+    assert "target_sha256: profile" in lines[1] and "gamma: profile 3, actual 5" in lines
+    assert lines[-1] == f"version torch: profile {fp.torch!r}, actual '9.9.9'"
+
+
+# -- SGLang export ---------------------------------------------------------------------------------
+@pytest.mark.sglang
+@pytest.mark.parametrize("additive", [False, True])
+def test_export_loads_in_sglang_with_identical_lookups(tmp_path, additive):
+    from sglang.srt.speculative.dspark_components.dspark_sps import (
+        SpsAdditiveCostTable as SgAdditive,
+    )
+    from sglang.srt.speculative.dspark_components.dspark_sps import load_sps_table_from_path
+    from sglang.srt.speculative.dspark_components.dspark_sts import load_sts_calibration_from_path
+
+    profile = make_profile(additive=additive)
+    sps_path, sts_path = profile.export_sglang(tmp_path / "out")
+    theirs = load_sps_table_from_path(str(sps_path))
+    assert isinstance(theirs, SgAdditive) == additive
+    ours = profile.sps_table()
+    for num_requests in (1, 2, 4, 7, 16, 40):
+        for batch_tokens in range(num_requests, num_requests * 4 + 1):
+            if additive:
+                want = theirs.step_time(num_reqs=num_requests, budget=batch_tokens - num_requests)
+                assert 1.0 / ours(batch_tokens, num_requests=num_requests) == pytest.approx(want, rel=1e-12, abs=0)
+            else:
+                assert ours(batch_tokens, num_requests=num_requests) == theirs.lookup(batch_tokens)
+    sts = load_sts_calibration_from_path(str(sts_path))
+    assert sts.temperatures == profile.sts.temperatures and sts.num_samples == 512
+
+
+# -- CLI -----------------------------------------------------------------------------------------
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "sglang_dspark.profile", *args], capture_output=True, text=True,
+                          timeout=180, cwd=REPO, env=env)
+
+
+def test_cli_validate_subprocess(tmp_path, good_yaml):
+    """One subprocess for the good file and one for a bad one: the module path, exit codes, stderr."""
+    ok = _cli("validate", str(good_yaml))
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.count("\n") == 1 and ok.stdout.startswith(f"ok {good_yaml}: tiny-dspark-cpu")
+    bad = _cli("validate", str(_edit(good_yaml, "  gamma: 3\n", "  gamma: x\n")))
+    err = bad.stderr.strip()
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert err == f"error: {tmp_path / 'bad.yaml'}: fingerprint.gamma: Expected `int`, got `str`"
+
+
+@pytest.mark.parametrize("old,new,reason", [e for e in BAD_EDITS if "YAML" not in e[2]][:6])
+def test_cli_validate_refuses_bad_files(good_yaml, capsys, old, new, reason):
+    rc = profile_main(["validate", str(_edit(good_yaml, old, new))])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("error: ") and reason in err and "\n" not in err
+
+
+def test_cli_validate_fingerprint(tmp_path, capsys):
+    target, draft = make_model_dirs(tmp_path, gamma=3)
+    path = tmp_path / "fp.yaml"
+    make_profile(target_dir=target, draft_dir=draft).save(path)
+    assert profile_main(["validate", str(path), "--model", str(target), "--draft", str(draft)]) == 0
+    assert "fingerprint matches" in capsys.readouterr().out
+
+    other_target, other_draft = make_model_dirs(tmp_path / "other", gamma=5)
+    (other_target / "model.safetensors").write_bytes(b"different")
+    rc = profile_main(["validate", str(path), "--model", str(other_target), "--draft", str(other_draft)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and "fingerprint does not match" in err
+    assert "target_sha256: profile" in err and "gamma: profile 3, actual 5" in err
+    assert "draft_sha256" in err  # the drafter config differs too
+
+    rc = profile_main(["validate", str(path), "--model", str(target), "--engine", "sglang"])
+    assert rc == 2 and "engine: profile 'reference', actual 'sglang'" in capsys.readouterr().err
+
+
+def test_cli_export(tmp_path, good_yaml, capsys):
+    assert profile_main(["export", str(good_yaml), "--out", str(tmp_path / "sg")]) == 0
+    out = capsys.readouterr().out
+    assert "--speculative-dspark-sps-table-path" in out and "--speculative-dspark-confidence-sts-path" in out
+    assert json.loads((tmp_path / "sg" / "sps_table.json").read_text())["max_batch_tokens"] == 64
+    assert profile_main(["export", str(tmp_path / "nope.yaml"), "--out", str(tmp_path)]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_every_cli_flag_has_help():
+    from sglang_dspark.profile.__main__ import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    assert {"validate", "export", "capture-http"} <= set(sub.choices)
+    for name, p in sub.choices.items():
+        for action in p._actions:
+            if action.dest != "help":
+                assert action.help, f"{name} {action.dest} has no help"

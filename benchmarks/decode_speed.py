@@ -81,6 +81,7 @@ def main() -> None:
     from sglang_dspark.engine.target_model import TargetModel
     from sglang_dspark.launch import DEFAULT_CACHE, resolve_model
     from sglang_dspark.profiles import SlaProfile
+    from sglang_dspark.train.data import chat_prompt_ids
     from sglang_dspark.train.prompts import split_prompts
 
     model_dir, _ = resolve_model(args.model, "reference", DEFAULT_CACHE, fetch=True)
@@ -90,14 +91,10 @@ def main() -> None:
     profile = SlaProfile.load(args.profile)
     records = split_prompts("heldout")
 
-    def encode(text):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
-
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=None)
     rows = []
     for concurrency in [int(c) for c in args.concurrency.split(",")]:
-        prompts = [encode(records[i % len(records)]["prompt"]) for i in range(2 * concurrency)]
+        prompts = [chat_prompt_ids(tokenizer, records[i % len(records)]["prompt"]) for i in range(2 * concurrency)]
         row = {"concurrency": concurrency, "requests": len(prompts)}
         for mode in MODES:
             engine = Engine(

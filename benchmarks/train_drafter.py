@@ -39,10 +39,10 @@ def train_command(name: str, minutes: float) -> list[str]:
             "--markov-rank", str(run["markov_rank"]), "--time-budget-min", str(minutes), *COMMON_TRAIN]
 
 
-def eval_command(name: str, max_new_tokens: int) -> list[str]:
+def eval_command(name: str, max_new_tokens: int, limit: int) -> list[str]:
     return [sys.executable, "-m", "sglang_dspark.evaluate", "--target", str(TARGET),
             "--draft", str(RUNS[name]["out"]), "--threads", "1", "--max-new-tokens", str(max_new_tokens),
-            "--out", str(RESULTS / f"drafter_eval_{name}.json")]
+            "--limit", str(limit), "--out", str(RESULTS / f"drafter_eval_{name}.json")]
 
 
 def run_parallel(commands: dict[str, list[str]]) -> None:
@@ -93,7 +93,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("phase", choices=["train", "evaluate", "table", "ship"])
     parser.add_argument("--minutes", type=float, default=20.0, help="training budget per run")
-    parser.add_argument("--max-new-tokens", type=int, default=96, help="evaluation tokens per prompt")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="evaluation tokens per prompt")
+    parser.add_argument("--limit", type=int, default=4, help="evaluation/calibration prompts per domain")
     args = parser.parse_args()
     (ROOT / "runs").mkdir(exist_ok=True)
     if args.phase == "train":
@@ -106,7 +107,7 @@ def main() -> int:
         print(f"shipped {SHIPPED}")
         return 0
     if args.phase == "evaluate":
-        run_parallel({f"eval_{n}": eval_command(n, args.max_new_tokens) for n in RUNS})
+        run_parallel({f"eval_{n}": eval_command(n, args.max_new_tokens, args.limit) for n in RUNS})
     table()
     return 0
 

@@ -17,6 +17,7 @@ logger = logging.getLogger("sglang_dspark.launch")
 MODES = ("target", "full", "scheduled")  # the engine's own list; not imported, to keep --help free of torch
 DEFAULT_CACHE = Path("~/.cache/sglang_dspark/models")
 SHIPPED_DRAFTS = Path(__file__).resolve().parent.parent / "launch" / "models"  # <zoo name>-dspark/
+SHIPPED_PROFILES = Path(__file__).resolve().parent.parent / "sla_profiles"  # <zoo name>-<engine>.yaml
 HF_REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")  # SGLang downloads these itself
 
 
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("engine: %s (%s)", engine, why)
         model, zoo_name = resolve_model(args.model, engine, args.cache_dir, fetch=not args.dry_run)
         draft = resolve_draft(args.draft, zoo_name, args.mode, engine)
-        profile = _load_profile(args, engine, model, draft)
+        profile = _load_profile(args, engine, model, draft) or _shipped_profile(args, engine, model, draft, zoo_name)
         if engine == "sglang":  # SGLang names the model by its path unless told otherwise
             return _launch_sglang(args, model, draft, profile, args.served_model_name or zoo_name)
         return _launch_reference(args, model, draft, profile, args.served_model_name or args.model)
@@ -143,6 +144,26 @@ def _load_profile(args, engine: str, model: str, draft: str | None):
     except ProfileError as exc:
         raise LaunchError(" ".join(str(exc).split())) from None
     logger.info("profile: %s", resolved.describe())
+    return resolved
+
+
+def _shipped_profile(args, engine: str, model: str, draft: str | None, zoo_name: str | None):
+    """The profile shipped for a zoo model when it was captured on hardware like this one;
+    otherwise None, and the scheduler runs on a flat table (verify everything)."""
+    if args.profile is not None or zoo_name is None or args.mode != "scheduled":
+        return None
+    path = SHIPPED_PROFILES / f"{zoo_name}-{'cpu' if engine == 'reference' else engine}.yaml"
+    if not path.is_file():
+        return None
+    from sglang_dspark.profiles import ProfileError
+    from sglang_dspark.server.profiles import resolve_profile
+
+    try:
+        resolved = resolve_profile(str(path), engine=engine, model=model, draft=draft, force=False, tier=None)
+    except ProfileError as exc:
+        logger.warning("shipped profile not used, the scheduler verifies every draft: %s", " ".join(str(exc).split()))
+        return None
+    logger.info("profile (shipped): %s", resolved.describe())
     return resolved
 
 

@@ -90,3 +90,14 @@ def test_dflash_ablation_loads_as_sglang_dflash(tmp_path):
     backbone = {n for n in saved if not n.startswith("confidence_head.")}
     assert backbone == _checkpoint_names(model)
     model.load_weights(saved.items())
+
+
+def test_shipped_smollm2_drafter_loads_in_sglang():
+    from pathlib import Path
+
+    shipped = Path(__file__).resolve().parents[1] / "launch" / "models" / "smollm2-135m-instruct-dspark"
+    saved = load_file(str(shipped / "model.safetensors"))
+    model = _sglang_model(shipped)
+    assert set(saved) == _checkpoint_names(model)
+    model.load_weights(saved.items())
+    assert model.gamma == 7 and model.markov_head.markov_rank == 64

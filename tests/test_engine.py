@@ -140,3 +140,18 @@ def test_prompt_that_does_not_fit_is_refused():
         assert "context limit" in str(err)
     else:
         raise AssertionError("an oversized prompt must be refused")
+
+
+def test_scheduled_engine_skips_the_drafter_when_no_draft_pays_and_probes_periodically():
+    hf = tiny_hf_target()
+    steep = SpsTable.from_points([1, 2], [100.0, 1.0], max_batch_tokens=64)  # any draft halves throughput
+    engine = tiny_engine("scheduled", hf=hf, sps=steep, max_running=1, probe_every=4)
+    calls = []
+    original = engine.drafter.draft
+    engine.drafter.draft = lambda *a, **k: calls.append(1) or original(*a, **k)
+    out = run_to_completion(engine, [[5, 9, 11]], [SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)])[0]
+    assert out == hf_greedy(hf, [5, 9, 11], 30)
+    steps = len(engine.records)
+    # Two history-less steps draft (survival 1 looks worth it), then one in every probe_every + 1.
+    assert 2 <= len(calls) <= 2 + steps // 5 + 1 < steps
+    assert all(r["accepted_drafts"] == 0 for r in list(engine.records)[2:] if r["num_verify_tokens"] == 1)

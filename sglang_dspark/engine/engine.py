@@ -50,6 +50,7 @@ class EngineConfig:
     lag: int = 2  # the planner's confidence lag in steps (SGLang's relay lag)
     seed: int = 0
     sla_tok_s_per_user: float | None = None  # SLA mode: capacity keeps every user above this speed
+    probe_every: int = 8  # when drafting is not worth it, still draft every n-th step to re-measure
     max_records: int = 4096  # per-step records kept for /server_info
 
     def __post_init__(self) -> None:
@@ -105,6 +106,7 @@ class Engine:
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._undrafted_steps = 0
 
     @staticmethod
     def _eos_ids(tokenizer, target) -> set[int]:
@@ -269,11 +271,12 @@ class Engine:
         if self.drafter is not None:
             ids = [r.id for r in reqs]
             capacity = self._capacity(ids, R)
-            out = self.drafter.draft(self.draft_cache, [r.slot for r in reqs], anchors, anchor_pos, sampler=batch.draft_sampler())
-            drafts, draft_probs = out.tokens, out.probs
-            conf = apply_sts(out.conf_logits, self.sts)
-            lens = torch.full((R,), G, dtype=torch.int64) if self.config.mode == "full" else self.planner.allocate(conf, capacity)
-            self.planner.observe(ids, conf)
+            if self._should_draft():
+                out = self.drafter.draft(self.draft_cache, [r.slot for r in reqs], anchors, anchor_pos, sampler=batch.draft_sampler())
+                drafts, draft_probs = out.tokens, out.probs
+                conf = apply_sts(out.conf_logits, self.sts)
+                lens = torch.full((R,), G, dtype=torch.int64) if self.config.mode == "full" else self.planner.allocate(conf, capacity)
+                self.planner.observe(ids, conf)
         t_draft = time.perf_counter()
 
         width = int(lens.max()) if R else 0
@@ -322,6 +325,21 @@ class Engine:
                 "time": time.time(),
             }
         )
+
+    def _should_draft(self) -> bool:
+        """Skip the drafter when the planner decided that no draft is worth verifying: the
+        capacity came from lagged confidences, so skipping cannot bias the output. Every
+        `probe_every`-th such step drafts anyway, to keep the confidences fresh."""
+        decision = self.planner.last_decision
+        worthless = (
+            self.config.mode == "scheduled" and self.forced_budget_frac is None
+            and decision is not None and decision.budget == 0
+        )
+        if worthless and self._undrafted_steps < self.config.probe_every:
+            self._undrafted_steps += 1
+            return False
+        self._undrafted_steps = 0
+        return True
 
     def _capacity(self, ids: list[str], num_requests: int) -> int:
         if self.config.mode == "full":

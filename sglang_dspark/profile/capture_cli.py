@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from sglang_dspark.profile.capture import budget_grid, capture, fit_additive_table, fit_cost_table, plot
     from sglang_dspark.profiles import Measurement, Provenance, SlaProfile, SpsSection, fingerprint_for, utc_now
     from sglang_dspark.server.bootstrap import build_reference_engine
+    from sglang_dspark.train.data import chat_prompt_ids
 
     requests = sorted({int(r) for r in args.requests.split(",")})
     model_dir, zoo_name = resolve_model(args.model, "reference", args.cache_dir, fetch=True)
@@ -52,11 +53,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     tiers = [parse_tier(spec) for spec in args.tier]
     engine = build_reference_engine(model_dir, draft_dir, None, "scheduled", max(requests), args.max_len, seed=args.seed)
-    chat = engine.tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Explain, step by step, how a hash map handles collisions, with a Python example."}],
-        add_generation_prompt=True, tokenize=True,
-    )
-    chat = list(chat["input_ids"] if isinstance(chat, dict) else chat)
+    chat = chat_prompt_ids(engine.tokenizer, "Explain, step by step, how a hash map handles collisions, with a Python example.")
     prompt = (chat * (args.prompt_tokens // len(chat) + 1))[-args.prompt_tokens :]
     total = sum(len(budget_grid(r, engine.gamma, args.points)) for r in requests)
     with tqdm(total=total, desc="SPS probes", unit="probe") as bar:

@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -48,7 +49,9 @@ def run_mode(engine, prompts: list[list[int]], params, concurrency: int) -> dict
     engine.shutdown()
     records = list(engine.records)
     emitted = sum(r["bs"] + r["accepted_drafts"] for r in records)
+    errors = [abs(r["predicted_step_ms"] - r["step_ms"]) / r["step_ms"] for r in records if r["predicted_step_ms"]]
     return {
+        "predicted_step_time_median_abs_rel_error": round(statistics.median(errors), 4) if errors else None,
         "output_tok_s": round(state["tokens"] / wall, 2),
         "tau": round(emitted / max(1, sum(r["bs"] for r in records)), 3),
         "wall_s": round(wall, 2),

@@ -19,7 +19,7 @@ from torch import nn
 
 from sglang_dspark.drafter.config import DSparkDraftConfig
 from sglang_dspark.drafter.heads import MARKOV_HEADS, ConfidenceHead
-from sglang_dspark.drafter.layers import DraftDecoderLayer, RMSNorm, rope_cos_sin
+from sglang_dspark.drafter.layers import DraftDecoderLayer, rope_cos_sin
 from sglang_dspark.drafter.sampling import Sampler, temperature_sampler
 
 
@@ -47,9 +47,9 @@ class DSparkDrafter(nn.Module):
         self.config = config
         h = config.hidden_size
         self.fc = nn.Linear(len(config.target_layer_ids) * h, h, bias=False)
-        self.hidden_norm = RMSNorm(h, config.rms_norm_eps)
+        self.hidden_norm = nn.RMSNorm(h, eps=config.rms_norm_eps)
         self.layers = nn.ModuleList(DraftDecoderLayer(config) for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(h, config.rms_norm_eps)
+        self.norm = nn.RMSNorm(h, eps=config.rms_norm_eps)
         self.markov_head = (
             MARKOV_HEADS[config.markov_head_type](config.vocab_size, config.markov_rank, h)
             if config.has_markov

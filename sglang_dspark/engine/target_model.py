@@ -68,16 +68,6 @@ def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-
-
 class DecoderLayer(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -86,15 +76,15 @@ class DecoderLayer(nn.Module):
         attn_bias = getattr(config, "attention_bias", False)
         qkv_bias = attn_bias or config.model_type == "qwen2"  # qwen2 always has q/k/v bias, never o bias
         mlp_bias = getattr(config, "mlp_bias", False)
-        self.attn_norm = RMSNorm(d, config.rms_norm_eps)
+        self.attn_norm = nn.RMSNorm(d, eps=config.rms_norm_eps)
         # fused projections: one GEMM instead of three (q/k/v) and two (gate/up)
         self.qkv_proj = nn.Linear(d, (self.num_heads + 2 * self.num_kv_heads) * hd, bias=qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * hd, d, bias=attn_bias and config.model_type != "qwen2")
         self.qk_norm = config.model_type == "qwen3"
         if self.qk_norm:
-            self.q_norm = RMSNorm(hd, config.rms_norm_eps)
-            self.k_norm = RMSNorm(hd, config.rms_norm_eps)
-        self.mlp_norm = RMSNorm(d, config.rms_norm_eps)
+            self.q_norm = nn.RMSNorm(hd, eps=config.rms_norm_eps)
+            self.k_norm = nn.RMSNorm(hd, eps=config.rms_norm_eps)
+        self.mlp_norm = nn.RMSNorm(d, eps=config.rms_norm_eps)
         self.gate_up_proj = nn.Linear(d, 2 * config.intermediate_size, bias=mlp_bias)
         self.down_proj = nn.Linear(config.intermediate_size, d, bias=mlp_bias)
 
@@ -152,7 +142,7 @@ class TargetModel(nn.Module):
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight

@@ -92,7 +92,9 @@ class SpeculativeDecoder:
             gen.accept_lens.append(m)
             gen.conf_logits.append(draft.conf_logits[0])
             # Commit the anchor and m drafts; their features become drafter context.
-            cache.crop(pos + 1 + m)
+            surplus = cache.get_seq_length() - (pos + 1 + m)
+            if surplus:
+                cache.crop(-surplus)  # drop the rejected drafts' K/V
             self.draft_cache.append(0, torch.arange(pos, pos + 1 + m), features[: m + 1])
             emitted = draft.tokens[0, :m].tolist() + [int(nxt[0])]
             if eos_id in emitted:

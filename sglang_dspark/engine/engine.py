@@ -50,7 +50,7 @@ class EngineConfig:
     lag: int = 2  # the planner's confidence lag in steps (SGLang's relay lag)
     seed: int = 0
     sla_tok_s_per_user: float | None = None  # SLA mode: capacity keeps every user above this speed
-    probe_every: int = 8  # when drafting is not worth it, still draft every n-th step to re-measure
+    probe_every: int = 16  # when drafting is not worth it, still draft every n-th step to re-measure
     max_records: int = 4096  # per-step records kept for /server_info
 
     def __post_init__(self) -> None:
@@ -271,7 +271,7 @@ class Engine:
         if self.drafter is not None:
             ids = [r.id for r in reqs]
             capacity = self._capacity(ids, R)
-            if self._should_draft():
+            if self._should_draft(capacity):
                 out = self.drafter.draft(self.draft_cache, [r.slot for r in reqs], anchors, anchor_pos, sampler=batch.draft_sampler())
                 drafts, draft_probs = out.tokens, out.probs
                 conf = apply_sts(out.conf_logits, self.sts)
@@ -326,10 +326,13 @@ class Engine:
             }
         )
 
-    def _should_draft(self) -> bool:
+    def _should_draft(self, capacity: int) -> bool:
         """Skip the drafter when the planner decided that no draft is worth verifying: the
         capacity came from lagged confidences, so skipping cannot bias the output. Every
-        `probe_every`-th such step drafts anyway, to keep the confidences fresh."""
+        `probe_every`-th such step drafts anyway, to keep the confidences fresh. A forced budget
+        of zero (the profiler's) skips it too, so a profile measures the step the engine runs."""
+        if self.forced_budget_frac is not None:
+            return capacity > 0
         decision = self.planner.last_decision
         worthless = (
             self.config.mode == "scheduled" and self.forced_budget_frac is None

@@ -2,8 +2,9 @@
 
 For each batch size R, R long requests are prefilled, then decode steps run with a forced verify
 budget b (the profiler knob SGLang calls dspark_force_budget_frac), so every probe measures a whole
-decode step (draft + ragged verify + commit) at batch tokens B = R + b. Probes run in a shuffled
-order so slow drift (context growth, a noisy neighbour) does not masquerade as a B effect.
+decode step (draft + ragged verify + commit) at batch tokens B = R + b. Every probe starts from
+freshly prefilled requests (constant context length), and probes run in a shuffled order so slow
+drift (a noisy neighbour) does not masquerade as a B effect.
 
 Two tables are fitted from the medians:
 - SGLang's 1-D `SpsCostTable` (SPS as a floor step function of B), and
@@ -76,15 +77,14 @@ def capture(
     gamma = engine.gamma
     probes = [(r, b) for r in requests for b in budget_grid(r, gamma, points)]
     random.Random(seed).shuffle(probes)
-    # Every probe costs at most (warmup + repeats) steps of up to G + 1 tokens per request.
     max_tokens = engine.max_len - len(prompt_ids)
     results = []
     for num_requests, budget in probes:
-        need = (warmup + repeats) * (gamma + 1)
-        lengths = [len(r.output_ids) for r in engine._running]
-        if engine.num_running != num_requests or (lengths and max(lengths) + need > max_tokens):
-            _reset(engine)
-            _start_requests(engine, prompt_ids, num_requests, max_tokens)
+        # Fresh requests per probe: every probe sees the same short context (prompt plus what the
+        # prefill and the probe emit), so attention cost does not drift between probes. The
+        # output budget covers decode steps interleaved with a chunked prefill, then the probe.
+        _reset(engine)
+        _start_requests(engine, prompt_ids, num_requests, max_tokens=min(max_tokens, 4 * (warmup + repeats) * (gamma + 1)))
         engine.forced_budget_frac = min(1.0, (budget + 0.5) / (num_requests * gamma))
         for _ in range(warmup):
             engine.step()
@@ -98,7 +98,11 @@ def capture(
             progress.update(1)
     engine.forced_budget_frac = None
     _reset(engine)
-    return sorted(results, key=lambda p: (p.num_requests, p.batch_tokens))
+    # Two budgets can land on the same B (top-K finds fewer candidates than the budget): pool them.
+    pooled: dict[tuple[int, int], list[float]] = {}
+    for p in results:
+        pooled.setdefault((p.num_requests, p.batch_tokens), []).extend(p.samples_ms)
+    return [Probe(r, b, tuple(samples)) for (r, b), samples in sorted(pooled.items())]
 
 
 def fit_cost_table(probes: list[Probe], max_batch_tokens: int) -> SpsCostTable:

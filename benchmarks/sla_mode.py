@@ -71,21 +71,15 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(args.threads)
 
-    from transformers import AutoTokenizer
+    from model_pair import load_pair
 
-    from sglang_dspark.drafter.checkpoint import load_drafter
     from sglang_dspark.engine.engine import Engine, EngineConfig
     from sglang_dspark.engine.sampling import SamplingParams
-    from sglang_dspark.engine.target_model import TargetModel
-    from sglang_dspark.launch import DEFAULT_CACHE, resolve_model
     from sglang_dspark.profiles import SlaProfile
     from sglang_dspark.train.data import chat_prompt_ids
     from sglang_dspark.train.prompts import split_prompts
 
-    model_dir, _ = resolve_model(args.model, "reference", DEFAULT_CACHE, fetch=True)
-    target = TargetModel.from_pretrained(model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    drafter = load_drafter(args.draft, target.embed_tokens, target.lm_head)
+    target, tokenizer, drafter = load_pair(args.model, args.draft)
     profile = SlaProfile.load(args.profile)
     records = split_prompts("heldout")
     prompts = [chat_prompt_ids(tokenizer, records[i % len(records)]["prompt"]) for i in range(args.requests)]

@@ -47,7 +47,7 @@ def _rope_tables(config) -> tuple[torch.Tensor, torch.Tensor]:
     params = dict(getattr(config, "rope_parameters", None) or {})
     rope_type = params.get("rope_type", "default")
     if rope_type not in STATIC_ROPE_TYPES:
-        raise NotImplementedError(f"rope_type {rope_type!r} is not supported")
+        raise ValueError(f"rope_type {rope_type!r} is not supported by the reference runner")
     if rope_type == "default":
         dim = _head_dim(config)
         inv_freq = 1.0 / params["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
@@ -136,9 +136,9 @@ class TargetModel(nn.Module):
     def __init__(self, config):
         super().__init__()
         if config.model_type not in SUPPORTED_MODEL_TYPES:
-            raise NotImplementedError(f"model_type {config.model_type!r} is not supported")
+            raise ValueError(f"model_type {config.model_type!r} is not supported (llama, qwen2, qwen3)")
         if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
-            raise NotImplementedError("sliding-window attention is not supported")
+            raise ValueError("sliding-window attention is not supported by the reference runner")
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))

@@ -373,6 +373,8 @@ class Engine:
         if greedy.any():
             g = greedy.nonzero().squeeze(-1)
             num_acc[g], nxt[g] = verify_chain_greedy(drafts[g], logits[g], lens[g])
+        if bool(greedy.all()):
+            return num_acc, nxt  # no sampled row: skip the softmax over [R, width + 1, V]
         target_probs = batch.probs(logits)
         # Unseeded sampled rows share one vectorised call; a seeded row uses its own generator.
         shared = [i for i in range(R) if not greedy[i] and batch.generators[i] is None]

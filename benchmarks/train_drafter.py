@@ -29,7 +29,9 @@ RUNS = {
 SHIPPED = ROOT / "launch" / "models" / "smollm2-135m-instruct-dspark"
 SHIPPED_FILES = ("config.json", "model.safetensors", "train_summary.json")  # not trainer_state.pt
 COMMON_TRAIN = ["--seed", "0", "--num-layers", "1", "--block-size", "7", "--threads", "1",
-                "--seqs-per-step", "1", "--anchors-per-seq", "32", "--lr", "2e-3"]
+                "--seqs-per-step", "1", "--anchors-per-seq", "32", "--lr", "2e-3",
+                "--gen-samples-per-prompt", "4"]
+PROMPTS = ROOT / "benchmarks" / "prompts"  # hand-written held-out prompts, disjoint from training
 PAPER_GAIN = "+16.3 / +18.4 / +18.3 % (Qwen3 4B / 8B / 14B, gamma 7, T=1)"
 
 
@@ -42,6 +44,7 @@ def train_command(name: str, minutes: float) -> list[str]:
 def eval_command(name: str, max_new_tokens: int, limit: int) -> list[str]:
     return [sys.executable, "-m", "sglang_dspark.evaluate", "--target", str(TARGET),
             "--draft", str(RUNS[name]["out"]), "--threads", "1", "--max-new-tokens", str(max_new_tokens),
+            "--prompts-file", str(PROMPTS / "eval.jsonl"), "--calibration-file", str(PROMPTS / "calibration.jsonl"),
             "--limit", str(limit), "--out", str(RESULTS / f"drafter_eval_{name}.json")]
 
 
@@ -92,9 +95,9 @@ def table() -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("phase", choices=["train", "evaluate", "table", "ship"])
-    parser.add_argument("--minutes", type=float, default=20.0, help="training budget per run")
+    parser.add_argument("--minutes", type=float, default=25.0, help="training budget per run")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="evaluation tokens per prompt")
-    parser.add_argument("--limit", type=int, default=4, help="evaluation/calibration prompts per domain")
+    parser.add_argument("--limit", type=int, default=20, help="evaluation/calibration prompts per domain")
     args = parser.parse_args()
     (ROOT / "runs").mkdir(exist_ok=True)
     if args.phase == "train":

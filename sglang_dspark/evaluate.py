@@ -6,8 +6,10 @@ lossless rejection sampling), on held-out prompts with the chat template applied
 confidence calibration: STS temperatures fitted on the calibration split, cumulative ECE and
 AUROC per position before/after on the evaluation split.
 
-The target is a transformers model with a DynamicCache (cropped on rejection), one request at a
-time. The same loop is what the greedy-equality check runs against `generate(do_sample=False)`.
+Each split is decoded by the reference engine in full-verify mode, all prompts batched (the
+engine's target runner matches transformers' logits, tests/test_target_model.py). The greedy-
+equality check instead runs `SpeculativeDecoder` (a transformers target with a DynamicCache,
+one request at a time) against transformers' own `generate(do_sample=False)`.
 """
 
 from __future__ import annotations
@@ -119,22 +121,22 @@ def read_prompts(path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def run_split(decoder, tokenizer, records, temperature, max_new_tokens, seed, desc=""):
-    """Rounds of every record: {"domain", "accept_lens", "conf_logits"} per prompt."""
+def run_split(engine, tokenizer, records, temperature, max_new_tokens, desc=""):
+    """All records decoded together by the engine in full-verify mode (every draft verified,
+    lossless rejection sampling, one batched target forward per step).
+    Returns per prompt {"domain", "accept_lens", "conf_logits"}, one entry per drafted round."""
+    from sglang_dspark.engine.sampling import SamplingParams
     from sglang_dspark.train.data import chat_prompt_ids
 
-    generator = torch.Generator().manual_seed(seed)
-    results = []
-    for i, rec in enumerate(records):
-        gen = decoder.generate(chat_prompt_ids(tokenizer, rec["prompt"]), max_new_tokens,
-                               temperature, tokenizer.eos_token_id, generator)
-        results.append({"domain": rec["domain"], "accept_lens": gen.accept_lens,
-                        "conf_logits": gen.conf_logits, "draft_s": gen.draft_s,
-                        "target_s": gen.target_s})
-        taus = [m + 1 for m in gen.accept_lens]
-        print(f"  {desc} T={temperature} [{i + 1}/{len(records)}] {rec['domain']}: "
-              f"tau={sum(taus) / max(len(taus), 1):.2f} over {len(taus)} rounds", file=sys.stderr)
-    return results
+    rounds = defaultdict(list)
+    engine.on_round = lambda rid, accepted, verified, conf: rounds[rid].append((accepted, conf.float().clone()))
+    ids = [f"{desc}-{i}" for i in range(len(records))]
+    engine.generate([chat_prompt_ids(tokenizer, r["prompt"]) for r in records],
+                    [SamplingParams(max_tokens=max_new_tokens, temperature=temperature)] * len(records),
+                    request_ids=ids, progress=f"{desc} T={temperature:g}")
+    engine.on_round = None
+    return [{"domain": rec["domain"], "accept_lens": [m for m, _ in rounds[rid]],
+             "conf_logits": [c for _, c in rounds[rid]]} for rid, rec in zip(ids, records)]
 
 
 def summarize(results, gamma) -> dict:
@@ -155,21 +157,25 @@ def summarize(results, gamma) -> dict:
 
 def evaluate(target_dir, draft_dir, eval_records, calib_records, *, temperatures=(0.0, 1.0),
              calibration_temperatures=(1.0,), max_new_tokens=96, seed=0) -> dict:
-    target, tokenizer, drafter = load_pair(target_dir, draft_dir)
-    decoder = SpeculativeDecoder(target, drafter)
-    gamma = drafter.gamma
+    from sglang_dspark.server.bootstrap import build_reference_engine
+
+    engine = build_reference_engine(str(target_dir), str(draft_dir), None, "full",
+                                    max_running=max(len(eval_records), len(calib_records)),
+                                    max_len=None, seed=seed)
+    tokenizer, gamma = engine.tokenizer, engine.gamma
     report = {"target": str(target_dir), "draft": str(draft_dir), "gamma": gamma,
               "max_new_tokens": max_new_tokens, "seed": seed, "by_temperature": {}}
     for temp in temperatures:
-        evals = run_split(decoder, tokenizer, eval_records, temp, max_new_tokens, seed, "eval")
+        first_step = len(engine.records)
+        evals = run_split(engine, tokenizer, eval_records, temp, max_new_tokens, "eval")
+        steps = list(engine.records)[first_step:]
         entry = {"domains": summarize(evals, gamma)}
         taus = [d["tau"] for d in entry["domains"].values()]
         entry["macro_tau"] = sum(taus) / len(taus)
-        rounds = sum(len(r["accept_lens"]) for r in evals)
-        entry["draft_ms_per_round"] = 1e3 * sum(r["draft_s"] for r in evals) / max(rounds, 1)
-        entry["target_ms_per_round"] = 1e3 * sum(r["target_s"] for r in evals) / max(rounds, 1)
-        if drafter.confidence_head is not None and calib_records and temp in calibration_temperatures:
-            calib = run_split(decoder, tokenizer, calib_records, temp, max_new_tokens, seed + 1, "calib")
+        entry["draft_ms_per_step"] = sum(r["draft_ms"] for r in steps) / max(len(steps), 1)
+        entry["target_ms_per_step"] = sum(r["target_verify_ms"] for r in steps) / max(len(steps), 1)
+        if engine.drafter.confidence_head is not None and calib_records and temp in calibration_temperatures:
+            calib = run_split(engine, tokenizer, calib_records, temp, max_new_tokens, "calib")
             conf_c, len_c = _stack(calib, gamma)
             conf_e, len_e = _stack(evals, gamma)
             temps = fit_sts(conf_c, len_c)

@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force-profile", action="store_true",
                    help="use --profile even when its fingerprint does not match (the differences are logged)")
     p.add_argument("--sla-tier", metavar="NAME",
-                   help="SLA tier of --profile to serve (its per-user tok/s target drives the engine's SLA mode)")
+                   help="SLA tier of --profile to serve: its per-user tok/s target drives the engine's SLA mode "
+                   "(step budgets and admission) and its concurrency limit caps --max-running")
     p.add_argument("--engine", choices=("auto", "reference", "sglang"), default="auto",
                    help="auto: SGLang when a CUDA device and sglang are available, else the CPU reference engine")
     p.add_argument("--mode", choices=MODES, default="scheduled",
@@ -192,16 +193,19 @@ def _launch_sglang(args, model, draft, profile, name) -> int:
 def _launch_reference(args, model, draft, profile, name) -> int:
     url = f"http://{args.host}:{args.port}"
     tier = profile.tier if profile is not None else None
+    max_running = args.max_running
+    if tier is not None:  # the tier's concurrency limit caps the running batch
+        max_running = min(max_running or tier.max_concurrency, tier.max_concurrency)
     if args.dry_run:
         print(f"reference engine: model={model} draft={draft} mode={args.mode} "
               f"profile={profile.describe() if profile is not None else None} "
-              f"max_running={args.max_running} max_len={args.max_len} seed={args.seed} served as {name!r} on {url}")
+              f"max_running={max_running} max_len={args.max_len} seed={args.seed} served as {name!r} on {url}")
         return 0
     from sglang_dspark.server import create_app, serve
     from sglang_dspark.server.bootstrap import build_reference_engine
 
     engine = build_reference_engine(model, draft, profile.profile if profile is not None else None, args.mode,
-                                    args.max_running, args.max_len, args.seed, model_name=name,
+                                    max_running, args.max_len, args.seed, model_name=name,
                                     sla_tok_s_per_user=tier.tok_s_per_user if tier is not None else None)
     serve(engine, create_app(engine, served_model_name=name), args.host, args.port,
           ready_line=f"DSpark server ready on {url} (engine=reference, mode={args.mode})")

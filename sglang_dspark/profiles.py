@@ -13,6 +13,7 @@ such fingerprint (SGLANG.md); `SlaProfile.export_sglang` writes them for SGLang'
     sps:
       cost: {sample_batch_tokens: [...], sample_steps_per_sec: [...], max_batch_tokens: 128}
       additive: null          # or SGLang's SpsAdditiveCostTable fields
+      draft_skip_seconds: null  # or per additive.bs_probes: what a budget-0 step saves (no drafter)
       measurements: [{num_requests, batch_tokens, median_ms, p10_ms, p90_ms, repeats}, ...]
     sts: null                 # or SGLang's DSparkStsCalibration fields
     sla_tiers: [{name, tok_s_per_user, ttft_s, max_concurrency}, ...]
@@ -97,9 +98,20 @@ class Measurement(_Strict):
 class SpsSection(_Strict):
     cost: SpsCostTable
     additive: SpsAdditiveCostTable | None = None
+    # Reference engine only: seconds saved per batch size (additive.bs_probes) when a step's budget
+    # is 0 and the drafter is skipped. Not exported: SGLang always drafts.
+    draft_skip_seconds: list[float] | None = None
     measurements: list[Measurement] = []
 
     def __post_init__(self) -> None:
+        if self.draft_skip_seconds is not None:
+            if self.additive is None:
+                raise ValueError("draft_skip_seconds: needs sps.additive (it is aligned with additive.bs_probes)")
+            if len(self.draft_skip_seconds) != len(self.additive.bs_probes):
+                raise ValueError(f"draft_skip_seconds: {len(self.draft_skip_seconds)} values for "
+                                 f"{len(self.additive.bs_probes)} additive.bs_probes")
+            if any(not v >= 0 for v in self.draft_skip_seconds):
+                raise ValueError(f"draft_skip_seconds: every value must be >= 0, got {self.draft_skip_seconds}")
         keys = [(m.num_requests, m.batch_tokens) for m in self.measurements]
         for i, (a, b) in enumerate(zip(keys, keys[1:])):
             if not a < b:
@@ -197,8 +209,11 @@ class SlaProfile(_Strict, kw_only=True):
 
     # -- what the engines use ---------------------------------------------------------------------
     def sps_table(self) -> SpsTable:
-        """The additive table when fitted (it models the per-request cost), else the 1-D cost table."""
-        return SpsTable(self.sps.additive if self.sps.additive is not None else self.sps.cost)
+        """The additive table when fitted (it models the per-request cost, and the drafter-skip
+        saving when captured), else the 1-D cost table."""
+        if self.sps.additive is not None:
+            return SpsTable(self.sps.additive, self.sps.draft_skip_seconds)
+        return SpsTable(self.sps.cost)
 
     def sts_temperatures(self):
         """float32 tensor [gamma], or None without a calibration."""

@@ -28,7 +28,7 @@ class ToyTokenizer:
     def encode(self, text, add_special_tokens=False):
         return [int(w[1:]) % VOCAB for w in text.split() if w.startswith("w") and w[1:].isdigit()] or [5]
 
-    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=False):
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=False, **kwargs):
         text = " ".join(m["content"] for m in messages)
         return self.encode(text) if tokenize else text
 
@@ -65,18 +65,4 @@ def tiny_engine(mode: str = "scheduled", *, seed: int = 0, sps=None, max_running
 
 def run_to_completion(engine: Engine, prompts, params_list) -> list[list[int]]:
     """Submit all prompts at once and step the engine (no thread) until every one finished."""
-    outputs: dict[str, list[int]] = {}
-    done: set[str] = set()
-    ids = []
-    for prompt, params in zip(prompts, params_list):
-        def callback(out, store=outputs, finished=done):
-            store.setdefault(out.request_id, []).extend(out.token_ids)
-            if out.finished:
-                finished.add(out.request_id)
-        ids.append(engine.submit(prompt, params, callback))
-    for _ in range(100_000):
-        if len(done) == len(ids):
-            break
-        engine.step()
-    assert len(done) == len(ids), "engine did not finish every request"
-    return [outputs.get(i, []) for i in ids]
+    return engine.generate(prompts, params_list, max_steps=100_000)

@@ -155,3 +155,20 @@ def test_scheduled_engine_skips_the_drafter_when_no_draft_pays_and_probes_period
     # Two history-less steps draft (survival 1 looks worth it), then one in every probe_every + 1.
     assert 2 <= len(calls) <= 2 + steps // 5 + 1 < steps
     assert all(r["accepted_drafts"] == 0 for r in list(engine.records)[2:] if r["num_verify_tokens"] == 1)
+
+
+def test_probes_back_off_and_new_requests_use_the_observed_prior():
+    hf = tiny_hf_target()
+    steep = SpsTable.from_points([1, 2], [100.0, 1.0], max_batch_tokens=64)
+    engine = tiny_engine("scheduled", hf=hf, sps=steep, max_running=1, probe_every=4, probe_max=16)
+    calls = []
+    original = engine.drafter.draft
+    engine.drafter.draft = lambda *a, **k: calls.append(1) or original(*a, **k)
+    params = SamplingParams(max_tokens=120, temperature=0.0, ignore_eos=True)
+    assert run_to_completion(engine, [[5, 9, 11]], [params])[0] == hf_greedy(hf, [5, 9, 11], 120)
+    steps = len(engine.records)
+    # 2 history-less drafts, then probes after 4, 8, 16, 16, ... undrafted steps
+    assert len(calls) <= 2 + 3 + (steps - 28) // 17 + 1 and steps > 100
+    first = len(calls)
+    run_to_completion(engine, [[7, 3]], [SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)])
+    assert len(calls) == first  # the new request inherits the observed (worthless) confidences

@@ -8,7 +8,9 @@ import torch
 
 from drafter_fixtures import TINY_TARGET, tiny_config
 from sglang_dspark.drafter import DraftOutput, DSparkDrafter
-from sglang_dspark.evaluate import SpeculativeDecoder, summarize
+from engine_fixtures import ToyTokenizer, tiny_engine
+from sglang_dspark.engine.sampling import SamplingParams
+from sglang_dspark.evaluate import SpeculativeDecoder, run_split, summarize
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -76,3 +78,33 @@ def test_sampling_path_runs_and_respects_the_budget():
     gen = SpeculativeDecoder(target, drafter).generate([4, 5, 6], 25, 1.0,
                                                        generator=torch.Generator().manual_seed(0))
     assert len(gen.tokens) == 25 and len(gen.conf_logits) == len(gen.accept_lens)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_engine_rounds_account_for_every_emitted_token(temperature):
+    """The engine's round observer sees each drafted round once, so the evaluator's tau is the
+    real tokens-per-round: 1 (prefill) + sum(accepted + 1) covers the output exactly."""
+    engine = tiny_engine("full", max_running=4)
+    rounds = {}
+    engine.on_round = lambda rid, n, verified, conf: rounds.setdefault(rid, []).append((n, verified, conf))
+    prompts = [[5, 9, 13], [7, 7, 21, 4], [30, 2, 11], [6]]
+    ids = [f"r{i}" for i in range(4)]
+    params = [SamplingParams(max_tokens=30, temperature=temperature, ignore_eos=True)] * 4
+    outputs = engine.generate(prompts, params, request_ids=ids)
+    for rid, out in zip(ids, outputs):
+        assert len(out) == 30
+        emitted = 1 + sum(n + 1 for n, _, _ in rounds[rid])
+        assert emitted - (rounds[rid][-1][0] + 1) < 30 <= emitted  # the last round crosses max_tokens
+        assert all(v == engine.gamma and c.shape == (engine.gamma,) for _, v, c in rounds[rid])
+
+
+def test_run_split_reports_rounds_per_prompt():
+    engine = tiny_engine("full", max_running=3)
+    records = [{"domain": d, "prompt": p} for d, p in (("a", "w5 w9"), ("b", "w7 w21"), ("a", "w30"))]
+    results = run_split(engine, ToyTokenizer(), records, 1.0, 20, "t")
+    assert [r["domain"] for r in results] == ["a", "b", "a"] and engine.on_round is None
+    for r in results:
+        assert r["accept_lens"] and len(r["accept_lens"]) == len(r["conf_logits"])
+        assert all(0 <= m <= engine.gamma for m in r["accept_lens"])
+    summary = summarize(results, engine.gamma)
+    assert set(summary) == {"a", "b"} and all(v["tau"] >= 1 for v in summary.values())

@@ -27,6 +27,9 @@ def test_matching_profile_and_tier(setup, capsys):
     assert _launch(target, draft, "--profile", str(path), "--sla-tier", "interactive") == 0
     out = capsys.readouterr().out
     assert f"profile={path} (tiny-dspark-cpu) tier=interactive (20.0 tok/s/user)" in out and "FORCED" not in out
+    assert "max_running=4 " in out  # the tier's concurrency limit
+    assert _launch(target, draft, "--profile", str(path), "--sla-tier", "batch", "--max-running", "8") == 0
+    assert "max_running=8 " in capsys.readouterr().out  # below the batch tier's limit of 16: kept
 
 
 def _one_line_error(capsys) -> str:

@@ -59,6 +59,7 @@ def make_profile(*, gamma: int = 3, engine: str = "reference", target_dir=None, 
             cost=SpsCostTable(sample_batch_tokens=[1, 4, 8, 16, 32], sample_steps_per_sec=[95.5, 90.0, 71.25, 50.0, 1 / 0.03],
                               max_batch_tokens=64),
             additive=add,
+            draft_skip_seconds=[0.001, 0.002, 0.004] if additive else None,
             measurements=[Measurement(1, 1, 10.47, 10.1, 11.0, 7), Measurement(1, 4, 11.1, 10.9, 12.5, 7),
                           Measurement(4, 8, 14.03, 13.0, 15.2, 7), Measurement(4, 16, 20.0, 19.5, 21.7, 7)]),
         sts=StsCalibration(temperatures=[1.0, 1.3, 0.7][:gamma] + [1.1] * max(0, gamma - 3), dataset="held-out",
@@ -144,11 +145,28 @@ def test_unquoted_timestamp_is_still_a_date(good_yaml):
     assert SlaProfile.load(bad).provenance.date == "2026-11-29T14:00:00Z"
 
 
+def test_draft_skip_prices_budget_zero_without_the_drafter():
+    profile = make_profile(additive=True)
+    table = profile.sps_table()
+    seconds = table.step_seconds(4, 3)
+    assert seconds[0] == pytest.approx(1.0 / table(4, num_requests=4) - 0.002, rel=1e-12)
+    assert seconds[1] == pytest.approx(1.0 / table(5, num_requests=4), rel=1e-12)  # drafted steps unchanged
+    assert 1.0 / table(4, num_requests=4, drafted=False) == pytest.approx(seconds[0], rel=1e-12)
+    assert table.draft_skip(10) == pytest.approx(0.002 + 6 / 12 * 0.002)  # interpolated over bs_probes
+
+
 def test_construction_validates_too():
     with pytest.raises(ValueError, match="gamma"):
         Fingerprint(engine="reference", hardware="x", torch="t", sglang=None, target_sha256="a", draft_sha256=None)
     with pytest.raises(ValueError, match="measurements"):
         SpsSection(cost=SpsCostTable([1], [1.0], 1), measurements=[Measurement(2, 2, 1, 1, 1, 1), Measurement(1, 1, 1, 1, 1, 1)])
+    with pytest.raises(ValueError, match="draft_skip_seconds: needs sps.additive"):
+        SpsSection(cost=SpsCostTable([1], [1.0], 1), draft_skip_seconds=[0.0])
+    add = make_profile(additive=True).sps.additive
+    with pytest.raises(ValueError, match="draft_skip_seconds: 2 values for 3"):
+        SpsSection(cost=SpsCostTable([1], [1.0], 1), additive=add, draft_skip_seconds=[0.0, 0.1])
+    with pytest.raises(ValueError, match=">= 0"):
+        SpsSection(cost=SpsCostTable([1], [1.0], 1), additive=add, draft_skip_seconds=[0.0, -0.1, 0.0])
 
 
 # -- fingerprints ----------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Property tests of the planners (hypothesis): lengths in range, prefix order, capacity bound,
 determinism, and the agreement of the planner entry points with each other."""
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -130,3 +131,15 @@ def test_sla_budget_meets_the_tier_whenever_any_budget_does(conf, table, target)
     meets = [_slowest_speed(survival, allocate_top_k(survival, k), table) >= target * (1 - 1e-9) for k in range(k_max + 1)]
     if any(meets):
         assert meets[sla.budget]
+
+
+def test_observed_prior_prices_new_requests_like_the_ones_seen():
+    table = SpsTable.from_points([1, 3, 8, 16], [100.0, 60.0, 55.0, 30.0], max_batch_tokens=64)
+    planner = AsyncPlanner(table, gamma=7, prior="observed")
+    assert planner.capacity(["a"]) == 7  # nothing observed yet: survival 1, as SGLang
+    planner.observe(["a", "b"], torch.full((2, 7), 0.1))
+    # a typical row (0.1): theta(1) = 1.1 * SPS(2) = 110 beats 100 and 2.11 * 60 -> 1 draft
+    assert planner.capacity(["new"]) == 1
+    assert AsyncPlanner(table, gamma=7).capacity(["new"]) == 7  # the default prior stays SGLang's
+    with pytest.raises(ValueError, match="prior"):
+        AsyncPlanner(table, gamma=7, prior="mean")

@@ -11,6 +11,7 @@ order SGLang uses. Ties therefore never rank a later draft of a request before a
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -88,27 +89,44 @@ def decide_budget(survival: torch.Tensor, sps: SpsTable, *, early_stop: bool = F
     return BudgetDecision(k, float(seconds[k]), float(theta[k]))
 
 
-def decide_budget_sla(survival: torch.Tensor, sps: SpsTable, tok_s_per_user: float) -> BudgetDecision:
+def decide_budget_sla(survival: torch.Tensor, sps: SpsTable, tok_s_per_user: float, *,
+                      overhead_seconds: float = 0.0) -> BudgetDecision:
     """SLA-aware budget: maximise Theta subject to every request's predicted speed
-    (1 + sum of its verified survivals) * SPS(B) staying >= tok_s_per_user.
+    (1 + sum of its verified survivals) / (step seconds + overhead) staying >= tok_s_per_user.
 
+    `overhead_seconds` is the wall time each decode step also pays outside its own forward
+    (interleaved prefills of new requests, streaming): users feel it, the SPS table does not hold it.
     When no budget meets the SLA (the engine is too loaded for the tier), fall back to the budget
     that maximises the slowest request's predicted speed: the closest the step can get.
     """
+    k, seconds, theta, slowest = _sla_curves(survival, sps, tok_s_per_user, overhead_seconds)
+    return BudgetDecision(k, float(seconds[k]), float(theta[k]))
+
+
+def sla_speed(survival: torch.Tensor, sps: SpsTable, tok_s_per_user: float, *,
+              overhead_seconds: float = 0.0) -> float:
+    """Predicted speed of the slowest request at the budget `decide_budget_sla` picks."""
+    k, _, _, slowest = _sla_curves(survival, sps, tok_s_per_user, overhead_seconds)
+    return float(slowest[k])
+
+
+def _sla_curves(survival, sps, tok_s_per_user, overhead_seconds):
     num_requests = survival.shape[0]
     values, order = _ranked_candidates(survival.detach().cpu().numpy())
     theta, seconds = _theta_curve(values, num_requests, sps)
+    if overhead_seconds:
+        theta = theta * seconds / (seconds + overhead_seconds)
     k_max = theta.size - 1
     # per_request[k, r]: expected tokens of request r when the top k candidates are verified
     per_request = np.zeros((k_max + 1, num_requests))
     per_request[np.arange(1, k_max + 1), order[:k_max] % num_requests] = values[:k_max]
-    slowest = (np.cumsum(per_request, axis=0) + 1.0).min(axis=1) / seconds
+    slowest = (np.cumsum(per_request, axis=0) + 1.0).min(axis=1) / (seconds + overhead_seconds)
     feasible = slowest >= tok_s_per_user
     if feasible.any():
         k = int(np.argmax(np.where(feasible, theta, -np.inf)))
     else:
         k = int(np.argmax(slowest))
-    return BudgetDecision(k, float(seconds[k]), float(theta[k]))
+    return k, seconds, theta, slowest
 
 
 def allocate_top_k(survival: torch.Tensor, budget: int) -> torch.Tensor:
@@ -138,11 +156,16 @@ class AsyncPlanner:
     their current cumulative survival, which is prefix-closed. Capacity never depends on this
     step's samples, so the output distribution is the target's (DSPARK.md section 5).
 
-    Requests with fewer than `lag` observed steps have no history; like SGLang's planner they
-    count as survival 1 at every position (optimistic: new requests never shrink the capacity).
+    Requests with fewer than `lag` observed steps have no history. With `prior="one"` they count
+    as survival 1 at every position, like SGLang's planner (optimistic: new requests never shrink
+    the capacity). With `prior="observed"` they count as the running mean of every confidence row
+    observed so far (1 until there is one): where drafting does not pay, a new request then does
+    not force full-depth verification for its first `lag` steps. Either prior comes from past
+    steps only, so allocation stays lossless.
     `buckets` (sorted total verify-token sizes, e.g. CUDA-graph sizes) snap the step up to the
     next bucket and fill it with further drafts, since padded slots cost the same time.
-    `sla_tok_s_per_user` switches the capacity search to `decide_budget_sla`.
+    `sla_tok_s_per_user` switches the capacity search to `decide_budget_sla`, with the engine's
+    measured per-step `overhead_seconds`, and gates admission (`can_admit`).
     """
 
     def __init__(
@@ -153,22 +176,30 @@ class AsyncPlanner:
         lag: int = 2,
         buckets: Sequence[int] | None = None,
         sla_tok_s_per_user: float | None = None,
+        prior: str = "one",
     ):
         if lag < 1:
             raise ValueError(f"lag must be >= 1, got {lag}")
+        if prior not in ("one", "observed"):
+            raise ValueError(f"prior must be 'one' or 'observed', got {prior!r}")
+        self.prior = prior
+        self._prior_sum, self._prior_count = torch.zeros(gamma, dtype=torch.float64), 0
         self.sps, self.gamma, self.lag = sps, gamma, lag
         self.sla_tok_s_per_user = sla_tok_s_per_user
         self.buckets = sorted(int(b) for b in buckets) if buckets else None
         self._history: dict[Hashable, deque[torch.Tensor]] = {}
         self.last_decision: BudgetDecision | None = None
+        self.overhead_seconds = 0.0  # SLA mode: the engine's measured non-forward time per decode step
 
     def _lagged_conf(self, request_ids: Sequence[Hashable]) -> torch.Tensor:
         rows = []
         for rid in request_ids:
             hist = self._history.get(rid)
             rows.append(hist[0] if hist is not None and len(hist) == self.lag else None)
-        ones = torch.ones(self.gamma)
-        return torch.stack([ones if r is None else r for r in rows])
+        default = torch.ones(self.gamma)
+        if self.prior == "observed" and self._prior_count:
+            default = (self._prior_sum / self._prior_count).to(torch.float32)
+        return torch.stack([default if r is None else r for r in rows])
 
     def snap(self, num_requests: int, budget: int) -> int:
         """Round the step's total tokens up to the next bucket; fill with drafts up to R * G."""
@@ -188,9 +219,35 @@ class AsyncPlanner:
         if self.sla_tok_s_per_user is None:
             decision = decide_budget(survival, self.sps, early_stop=False)
         else:
-            decision = decide_budget_sla(survival, self.sps, self.sla_tok_s_per_user)
+            decision = decide_budget_sla(survival, self.sps, self.sla_tok_s_per_user,
+                                         overhead_seconds=self.overhead_seconds)
         self.last_decision = decision
         return self.snap(len(request_ids), decision.budget)
+
+    def can_admit(self, request_ids: Sequence[Hashable]) -> bool:
+        """SLA admission: may one more request join `request_ids` (the running batch)?
+
+        Yes when nothing runs, when the predicted slowest speed with the newcomer still meets the
+        tier, or when the tier is out of reach even for a request alone (then limiting the batch
+        would only cost throughput: the documented fallback serves everyone at the best
+        slowest-user speed). Requests without history, the newcomer included, count as the mean
+        of those with history, or as survival 0 (one token per step) when none has any: a tier is
+        a promise, so admission is conservative where capacity is optimistic. Always yes outside
+        SLA mode.
+        """
+        if self.sla_tok_s_per_user is None or not request_ids:
+            return True
+        known = [self._history.get(rid) for rid in request_ids]
+        known = [h[0] for h in known if h is not None and len(h) == self.lag]
+        typical = torch.stack(known).mean(dim=0) if known else torch.zeros(self.gamma)
+        rows = [h[0] if h is not None and len(h) == self.lag else typical
+                for h in (self._history.get(rid) for rid in request_ids)]
+        speed = functools.partial(sla_speed, sps=self.sps, tok_s_per_user=self.sla_tok_s_per_user,
+                                  overhead_seconds=self.overhead_seconds)
+        grown = torch.from_numpy(_host_survival(torch.stack([*rows, typical])))
+        if speed(grown) >= self.sla_tok_s_per_user:
+            return True
+        return speed(torch.from_numpy(_host_survival(typical[None]))) < self.sla_tok_s_per_user
 
     def allocate(self, conf: torch.Tensor, capacity: int) -> torch.Tensor:
         """Per-request verify lengths [R] for this step's conditional survivals conf [R, G]."""
@@ -200,6 +257,9 @@ class AsyncPlanner:
     def observe(self, request_ids: Sequence[Hashable], conf: torch.Tensor) -> None:
         """Record this step's confidences; they inform the capacity `lag` steps later."""
         conf = conf.detach().to("cpu", torch.float32)
+        if self.prior == "observed":
+            self._prior_sum += conf.sum(dim=0, dtype=torch.float64)
+            self._prior_count += conf.shape[0]
         for i, rid in enumerate(request_ids):
             self._history.setdefault(rid, deque(maxlen=self.lag)).append(conf[i])
 

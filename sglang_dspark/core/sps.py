@@ -6,6 +6,11 @@ Both of SGLang 0.5.23's JSON formats are read and written field for field
 - `SpsAdditiveCostTable`: step seconds = bias + interp(alpha, R) + interp(theta, R + budget),
   linear interpolation clamped at both ends. Told apart on disk by the key "bias_seconds".
 
+Our engine skips the drafter on steps whose budget is 0, which SGLang never does; a table may
+carry that saving per batch size (`draft_skip_seconds`, aligned with the additive table's
+`bs_probes`), so budget 0 is priced as the step the engine really runs. SGLang's files never
+hold it: they describe SGLang's always-drafting step.
+
 `SpsTable` wraps either and precomputes a dense curve over every batch size, as a numpy array: the
 planner runs on the host (like SGLang's `HostConfidenceBudgetPlanner`) and a lookup becomes a
 slice instead of a rebuild of tensors from lists, the cost that dominates upstream's planner.
@@ -85,8 +90,17 @@ class SpsTable:
     only offsets B; for the additive table it also sets the per-request term.
     """
 
-    def __init__(self, table: SpsCostTable | SpsAdditiveCostTable):
+    def __init__(self, table: SpsCostTable | SpsAdditiveCostTable, draft_skip_seconds: list[float] | None = None):
         self.table = table
+        self.draft_skip_seconds = draft_skip_seconds
+        if draft_skip_seconds is not None:
+            if not isinstance(table, SpsAdditiveCostTable):
+                raise ValueError("draft_skip_seconds: needs the additive table (it is per batch size R)")
+            if len(draft_skip_seconds) != len(table.bs_probes):
+                raise ValueError(f"draft_skip_seconds: length {len(draft_skip_seconds)} != "
+                                 f"{len(table.bs_probes)} bs_probes")
+            if any(not 0 <= s for s in draft_skip_seconds):
+                raise ValueError("draft_skip_seconds: every value must be >= 0")
         if isinstance(table, SpsCostTable):
             self.max_batch_tokens: int | None = table.max_batch_tokens
             b = torch.arange(table.max_batch_tokens + 1, dtype=torch.int64)
@@ -160,13 +174,22 @@ class SpsTable:
         head = dense[min(start, dense.size - 1) : dense.size]
         return np.concatenate([head, np.full(count - head.size, dense[-1])])
 
+    def draft_skip(self, num_requests: int) -> float:
+        """Seconds a step of `num_requests` saves when its budget is 0 and the drafter is skipped."""
+        if self.draft_skip_seconds is None:
+            return 0.0
+        return interp_clamped(self.table.bs_probes, self.draft_skip_seconds, float(num_requests))
+
     def step_seconds(self, num_requests: int, count: int) -> np.ndarray:
         """Step seconds at batch tokens B = num_requests + k for k = 0..count-1."""
         if isinstance(self.table, SpsCostTable):
             return 1.0 / self.steps_per_sec(num_requests, count)
         t = self.table
         floor = t.bias_seconds + interp_clamped(t.bs_probes, t.alpha_seconds, float(num_requests))
-        return floor + self._window(self._dense_theta, num_requests, count)
+        seconds = floor + self._window(self._dense_theta, num_requests, count)
+        if self.draft_skip_seconds is not None and count:
+            seconds[0] -= self.draft_skip(num_requests)  # budget 0: no drafter in the step
+        return seconds
 
     def steps_per_sec(self, num_requests: int, count: int) -> np.ndarray:
         """SPS at batch tokens B = num_requests + k for k = 0..count-1."""
@@ -174,10 +197,12 @@ class SpsTable:
             return self._window(self._dense_sps, num_requests, count)
         return 1.0 / self.step_seconds(num_requests, count)
 
-    def __call__(self, batch_tokens: int, num_requests: int = 1) -> float:
-        """SPS at `batch_tokens` total verify tokens for a batch of `num_requests` requests."""
+    def __call__(self, batch_tokens: int, num_requests: int = 1, drafted: bool = True) -> float:
+        """SPS at `batch_tokens` total verify tokens for a batch of `num_requests` requests;
+        `drafted=False` prices a step that skipped the drafter (see `draft_skip`)."""
         if isinstance(self.table, SpsCostTable):
             return float(self._window(self._dense_sps, int(batch_tokens), 1)[0])
         t = self.table  # SGLang's `SpsAdditiveCostTable.step_time`
         alpha = interp_clamped(t.bs_probes, t.alpha_seconds, float(num_requests))
-        return 1.0 / (t.bias_seconds + alpha + interp_clamped(t.m_probes, t.theta_seconds, float(batch_tokens)))
+        seconds = t.bias_seconds + alpha + interp_clamped(t.m_probes, t.theta_seconds, float(batch_tokens))
+        return 1.0 / (seconds - (0.0 if drafted else self.draft_skip(num_requests)))

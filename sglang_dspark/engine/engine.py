@@ -19,9 +19,11 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from tqdm import tqdm
 
 from sglang_dspark.core.calibration import apply_sts
 from sglang_dspark.core.schedule import AsyncPlanner
@@ -50,7 +52,8 @@ class EngineConfig:
     lag: int = 2  # the planner's confidence lag in steps (SGLang's relay lag)
     seed: int = 0
     sla_tok_s_per_user: float | None = None  # SLA mode: capacity keeps every user above this speed
-    probe_every: int = 16  # when drafting is not worth it, still draft every n-th step to re-measure
+    probe_every: int = 16  # when drafting is not worth it, still draft every n-th step to re-measure,
+    probe_max: int = 128  # doubling the interval after each probe that changes nothing, up to this
     max_records: int = 4096  # per-step records kept for /server_info
 
     def __post_init__(self) -> None:
@@ -91,7 +94,8 @@ class Engine:
         self.planner = None
         if self.gamma:
             self.planner = AsyncPlanner(
-                self.sps, self.gamma, lag=config.lag, buckets=config.buckets, sla_tok_s_per_user=config.sla_tok_s_per_user
+                self.sps, self.gamma, lag=config.lag, buckets=config.buckets,
+                sla_tok_s_per_user=config.sla_tok_s_per_user, prior="observed",
             )
         self.eos_ids = self._eos_ids(tokenizer, target)
         self.metrics = EngineMetrics()
@@ -107,6 +111,11 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._undrafted_steps = 0
+        self._probe_interval = config.probe_every
+        self._last_decode_end: float | None = None  # SLA mode measures the time between decode steps
+        # Observer of every drafted round: (request_id, accepted, verified, raw conf logits [G]).
+        # Offline evaluation reads acceptance and calibration data through it.
+        self.on_round: Callable[[str, int, int, torch.Tensor], None] | None = None
 
     @staticmethod
     def _eos_ids(tokenizer, target) -> set[int]:
@@ -141,6 +150,35 @@ class Engine:
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))
+
+    def generate(self, prompts, params_list, *, request_ids=None, max_steps: int = 1_000_000,
+                 progress: str | None = None) -> list[list[int]]:
+        """Offline batch generation without the engine thread: submit every prompt, step until
+        all finished, return each one's output token ids (a tqdm bar when `progress` names it)."""
+        if self._thread is not None and self._thread.is_alive():
+            raise RuntimeError("generate() steps the engine itself; do not call it while start()ed")
+        outputs: dict[str, list[int]] = {}
+        done: set[str] = set()
+        bar = tqdm(total=len(prompts), desc=progress, unit="req") if progress else None
+
+        def callback(out: RequestOutput) -> None:
+            outputs.setdefault(out.request_id, []).extend(out.token_ids)
+            if out.finished:
+                done.add(out.request_id)
+                if bar is not None:
+                    bar.update(1)
+
+        request_ids = request_ids or [None] * len(prompts)
+        ids = [self.submit(p, sp, callback, rid) for p, sp, rid in zip(prompts, params_list, request_ids)]
+        for _ in range(max_steps):
+            if len(done) == len(ids):
+                break
+            self.step()
+        if bar is not None:
+            bar.close()
+        if len(done) != len(ids):
+            raise RuntimeError(f"{len(ids) - len(done)} requests unfinished after {max_steps} steps")
+        return [outputs.get(i, []) for i in ids]
 
     def flush_cache(self) -> bool:
         return self.num_running == 0 and self.num_waiting == 0  # no prefix cache: nothing else to drop
@@ -214,7 +252,7 @@ class Engine:
     # ---- one step -----------------------------------------------------------------------------
     def step(self) -> None:
         self._drain_inbox(block=False)
-        while self._waiting and self._free_slots:
+        while self._waiting and self._free_slots and self._sla_admits():
             req = self._waiting.popleft()
             req.slot = self._free_slots.pop()
             self._detok[req.id] = Detokenizer(self.tokenizer, req.params.stop)
@@ -260,8 +298,23 @@ class Engine:
     def _sampling(self, reqs: list[Request]) -> SamplingBatch:
         return SamplingBatch.build([r.params for r in reqs], [r.generator for r in reqs], self._generator)
 
+    def _sla_admits(self) -> bool:
+        if self.planner is None or not self._running:
+            return True
+        return self.planner.can_admit([r.id for r in self._running])
+
+    def _track_overhead(self, t0: float) -> None:
+        """SLA mode: EWMA of the wall time between consecutive decode steps (prefill chunks,
+        streaming), which every running user waits through but no SPS table holds."""
+        if self.planner is None or self.config.sla_tok_s_per_user is None:
+            return
+        if self._last_decode_end is not None:
+            gap = t0 - self._last_decode_end
+            self.planner.overhead_seconds += 0.1 * (gap - self.planner.overhead_seconds)
+
     def _decode(self, reqs: list[Request]) -> None:
         t0 = time.perf_counter()
+        self._track_overhead(t0)
         R, G = len(reqs), self.gamma
         batch = self._sampling(reqs)
         anchors = torch.tensor([r.tokens[r.kv_len] for r in reqs])
@@ -273,8 +326,8 @@ class Engine:
             capacity = self._capacity(ids, R)
             if self._should_draft(capacity):
                 out = self.drafter.draft(self.draft_cache, [r.slot for r in reqs], anchors, anchor_pos, sampler=batch.draft_sampler())
-                drafts, draft_probs = out.tokens, out.probs
-                conf = apply_sts(out.conf_logits, self.sts)
+                drafts, draft_probs, conf_logits = out.tokens, out.probs, out.conf_logits
+                conf = apply_sts(conf_logits, self.sts)
                 lens = torch.full((R,), G, dtype=torch.int64) if self.config.mode == "full" else self.planner.allocate(conf, capacity)
                 self.planner.observe(ids, conf)
         t_draft = time.perf_counter()
@@ -299,14 +352,17 @@ class Engine:
             for k in range(l):
                 verified[k] += 1
                 accepted[k] += int(k < n)
+            if self.on_round is not None and drafts is not None:
+                self.on_round(req.id, n, l, conf_logits[i])
             new = (drafts[i, :n].tolist() if n else []) + [int(nxt[i])]
             req.kv_len += n + 1
             self.metrics.accept_length.observe(n + 1)
             self._commit(req, new)
         step_s = time.perf_counter() - t0
+        self._last_decode_end = t0 + step_s
         num_tokens = R + int(lens.sum())
         if not self.sps.is_flat:
-            predicted = 1.0 / self.sps(num_tokens, num_requests=R)
+            predicted = 1.0 / self.sps(num_tokens, num_requests=R, drafted=drafts is not None)
         self.metrics.observe_step(step_s, predicted)
         self.metrics.verify_tokens.observe(num_tokens)
         self.metrics.verify_steps.inc()
@@ -330,7 +386,8 @@ class Engine:
         """Skip the drafter when the planner decided that no draft is worth verifying: the
         capacity came from lagged confidences, so skipping cannot bias the output. Every
         `probe_every`-th such step drafts anyway, to keep the confidences fresh. A forced budget
-        of zero (the profiler's) skips it too, so a profile measures the step the engine runs."""
+        of zero (the profiler's) skips it too, so a profile measures the step the engine runs.
+        Probes that keep confirming a zero budget back off (16, 32, ... up to `probe_max` steps)."""
         if self.forced_budget_frac is not None:
             return capacity > 0
         decision = self.planner.last_decision
@@ -338,9 +395,12 @@ class Engine:
             self.config.mode == "scheduled" and self.forced_budget_frac is None
             and decision is not None and decision.budget == 0
         )
-        if worthless and self._undrafted_steps < self.config.probe_every:
+        if worthless and self._undrafted_steps < self._probe_interval:
             self._undrafted_steps += 1
             return False
+        # A probe that follows a zero budget doubles the next interval; any other draft resets it.
+        self._probe_interval = (min(2 * self._probe_interval, self.config.probe_max) if worthless
+                                else self.config.probe_every)
         self._undrafted_steps = 0
         return True
 
@@ -419,6 +479,8 @@ class Engine:
     def _finish(self, req: Request, reason: str, emitted: bool = False) -> None:
         self._running.remove(req)
         self._free_slots.append(req.slot)
+        if not self._running:
+            self._last_decode_end = None  # idle time until the next request is nobody's wait
         self._detok.pop(req.id, None)
         if self.planner is not None:
             self.planner.release(req.id)

@@ -8,8 +8,11 @@ drift (a noisy neighbour) does not masquerade as a B effect.
 
 Two tables are fitted from the medians:
 - SGLang's 1-D `SpsCostTable` (SPS as a floor step function of B), and
-- SGLang's `SpsAdditiveCostTable`, step = bias + alpha(R) + theta(B), by least squares: the
-  per-request term alpha carries the drafting cost, which a 1-D table cannot separate from B.
+- SGLang's `SpsAdditiveCostTable`, step = bias + alpha(R) + theta(B), by least squares over the
+  probes that drafted: the per-request term alpha carries the drafting cost, which a 1-D table
+  cannot separate from B; and
+- the drafter-skip saving per R (budget-0 probes, where the engine runs no drafter), which our
+  engine's planner prices budget 0 with and SGLang's files leave out.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sglang_dspark.core.sps import SpsAdditiveCostTable, SpsCostTable
+from sglang_dspark.core.sps import SpsAdditiveCostTable, SpsCostTable, SpsTable
 from sglang_dspark.engine.sampling import SamplingParams
 
 
@@ -119,12 +122,16 @@ def fit_cost_table(probes: list[Probe], max_batch_tokens: int) -> SpsCostTable:
 
 
 def fit_additive_table(probes: list[Probe]) -> SpsAdditiveCostTable:
-    """Least squares for step seconds = bias + alpha(R) + theta(B) at the probed R and B."""
-    rs = sorted({p.num_requests for p in probes})
-    bs = sorted({p.batch_tokens for p in probes})
-    design = np.zeros((len(probes), len(rs) - 1 + len(bs)))
-    target = np.array([p.median_ms / 1000.0 for p in probes])
-    for i, p in enumerate(probes):
+    """Least squares for step seconds = bias + alpha(R) + theta(B) over the probes that ran the
+    drafter (B > R): the step SGLang's table describes always drafts."""
+    drafted = [p for p in probes if p.batch_tokens > p.num_requests]
+    if not drafted:
+        raise ValueError("no probe ran the drafter (every budget was 0): nothing to fit")
+    rs = sorted({p.num_requests for p in drafted})
+    bs = sorted({p.batch_tokens for p in drafted})
+    design = np.zeros((len(drafted), len(rs) - 1 + len(bs)))
+    target = np.array([p.median_ms / 1000.0 for p in drafted])
+    for i, p in enumerate(drafted):
         r = rs.index(p.num_requests)
         if r:  # alpha(R_min) = 0: the constant lives in theta
             design[i, r - 1] = 1.0
@@ -138,16 +145,29 @@ def fit_additive_table(probes: list[Probe]) -> SpsAdditiveCostTable:
     )
 
 
-def plot(probes: list[Probe], additive: SpsAdditiveCostTable, path) -> None:
-    """Measured SPS(B) per batch size R (medians with p10-p90 bars) and the additive fit."""
+def fit_draft_skip(probes: list[Probe], additive: SpsAdditiveCostTable) -> list[float] | None:
+    """Per R of `additive`: the drafted step the table predicts at budget 0 (B = R) minus the
+    budget-0 step measured, where the engine skipped the drafter. None without such probes."""
+    measured = {p.num_requests: p.median_ms / 1000.0 for p in probes if p.batch_tokens == p.num_requests}
+    if not measured:
+        return None
+    table = SpsTable(additive)
+    skips = []
+    for r in additive.bs_probes:
+        nearest = min(measured, key=lambda m: (abs(m - r), m))  # every R is probed at budget 0 by capture()
+        predicted = float(table.step_seconds(r, 1)[0])
+        skips.append(min(max(predicted - measured[nearest], 0.0), 0.9 * predicted))
+    return skips
+
+
+def plot(probes: list[Probe], table: SpsTable, path) -> None:
+    """Measured SPS(B) per batch size R (medians with p10-p90 bars) and the additive fit; the
+    fit's B = R point is the budget-0 step without the drafter."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from sglang_dspark.core.sps import SpsTable
-
-    table = SpsTable(additive)
     fig, ax = plt.subplots(figsize=(9, 5.5))
     for r in sorted({p.num_requests for p in probes}):
         ps = [p for p in probes if p.num_requests == r]
@@ -157,7 +177,7 @@ def plot(probes: list[Probe], additive: SpsAdditiveCostTable, path) -> None:
         err = [[abs(e) for e in err[0]], [abs(e) for e in err[1]]]
         line = ax.errorbar(x, y, yerr=err, marker="o", ms=3, capsize=2, label=f"R={r} measured")
         fx = list(range(r, max(x) + 1))
-        ax.plot(fx, [table(b, num_requests=r) for b in fx], "--", color=line[0].get_color(), alpha=0.6)
+        ax.plot(fx, [table(b, num_requests=r, drafted=b > r) for b in fx], "--", color=line[0].get_color(), alpha=0.6)
     ax.set_xlabel("verify batch tokens B = R + budget")
     ax.set_ylabel("decode steps per second")
     ax.set_title("SPS(B) of the reference engine (dashed: additive fit)")

@@ -40,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     from sglang_dspark.core.calibration import StsCalibration
     from sglang_dspark.launch import SHIPPED_DRAFTS, resolve_model
     from sglang_dspark.profile.http_capture import parse_tier
-    from sglang_dspark.profile.capture import budget_grid, capture, fit_additive_table, fit_cost_table, plot
+    from sglang_dspark.core.sps import SpsTable
+    from sglang_dspark.profile.capture import budget_grid, capture, fit_additive_table, fit_cost_table, fit_draft_skip, plot
     from sglang_dspark.profiles import Measurement, Provenance, SlaProfile, SpsSection, fingerprint_for, utc_now
     from sglang_dspark.server.bootstrap import build_reference_engine
     from sglang_dspark.train.data import chat_prompt_ids
@@ -61,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
                          repeats=args.repeats, seed=args.seed, progress=bar)
     cost = fit_cost_table(probes, max(requests) * (engine.gamma + 1))
     additive = fit_additive_table(probes)
+    draft_skip = fit_draft_skip(probes, additive)
     profile = SlaProfile(
         version=1,
         name=args.name or args.out.stem,
@@ -68,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
         sps=SpsSection(
             cost=cost,
             additive=additive,
+            draft_skip_seconds=None if draft_skip is None else [round(v, 6) for v in draft_skip],
             measurements=[
                 Measurement(num_requests=p.num_requests, batch_tokens=p.batch_tokens, median_ms=round(p.median_ms, 3),
                             p10_ms=round(p.quantile_ms(0.1), 3), p90_ms=round(p.quantile_ms(0.9), 3), repeats=len(p.samples_ms))
@@ -80,6 +83,6 @@ def run(args: argparse.Namespace) -> int:
                               repeats=args.repeats, warmup=args.warmup, host=socket.gethostname()),
     )
     profile.save(args.out)
-    plot(probes, additive, args.out.with_suffix(".png"))
+    plot(probes, SpsTable(additive, draft_skip), args.out.with_suffix(".png"))
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}: {len(probes)} probes")
     return 0

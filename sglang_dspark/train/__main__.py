@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-max-new-tokens", type=int, default=160, help="response length cap for data")
     p.add_argument("--gen-temperature", type=float, default=0.8, help="target sampling temperature for data")
     p.add_argument("--gen-batch-size", type=int, default=48, help="prompts per generation batch")
+    p.add_argument("--gen-samples-per-prompt", type=int, default=1,
+                   help="independent target responses per training prompt")
     return p
 
 
@@ -93,7 +95,8 @@ def main(argv=None) -> int:
     data = prepare_dataset(
         args.target, args.data_dir, config.target_layer_ids,
         max_new_tokens=args.gen_max_new_tokens, temperature=args.gen_temperature,
-        batch_size=args.gen_batch_size, seed=args.data_seed,
+        batch_size=args.gen_batch_size, samples_per_prompt=args.gen_samples_per_prompt,
+        seed=args.data_seed,
     )
     drafter = DSparkDrafter(config, target.get_input_embeddings(), target.get_output_embeddings())
     del target  # only the shared embedding / lm_head tensors are kept

@@ -92,23 +92,26 @@ def _key(**parts) -> str:
 
 def prepare_dataset(
     target_dir, cache_dir, layer_ids, *, max_new_tokens=160, temperature=0.8,
-    batch_size=48, seed=0, log=print,
+    batch_size=48, samples_per_prompt=1, seed=0, log=print,
 ):
     """Return the cached dataset for these settings, generating it on first use.
 
+    Each training prompt is answered `samples_per_prompt` times (independent samples: every
+    batch has its own seed), which multiplies the data without writing new prompts.
     Generation is saved batch by batch, so an interrupted run resumes where it stopped."""
     cache = Path(cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
-    records = split_prompts("train")
+    records = split_prompts("train") * samples_per_prompt
     key = _key(target=os.path.abspath(str(target_dir)), n=len(records), max_new=max_new_tokens,
-               temp=temperature, seed=seed, layers=list(layer_ids), batch=batch_size)
+               temp=temperature, seed=seed, layers=list(layer_ids), batch=batch_size,
+               samples=samples_per_prompt)
     path = cache / f"dataset-{key}.pt"
     if path.is_file():
         log(f"reusing cached dataset {path}")
         return torch.load(path)
     model = tokenizer = None
     chunks = []
-    for index, start in enumerate(range(0, len(records), batch_size)):
+    for index, start in enumerate(tqdm(range(0, len(records), batch_size), desc="data", unit="batch")):
         chunk_path = cache / f"chunk-{key}-{index}.pt"
         if not chunk_path.is_file():
             if model is None:

@@ -1,0 +1,74 @@
+"""Upper bound on DSpark's single-request speedup on this machine, from measured numbers only.
+
+At concurrency 1 a DSpark step verifying k drafts emits 1 + a_1 + ... + a_k tokens in expectation
+(a_j: the probability that the first j drafts are accepted) and costs the profiled step time with
+the drafter, T(1 + k); target-only decoding emits 1 token per undrafted step T0. So
+
+    speedup(k) = (1 + a_1 + ... + a_k) * T0 / T(1 + k),
+
+and the best any scheduler can do is max over k (k = 0: the drafter skipped, speedup 1). Rows:
+the acceptance rates the drafter evaluation measured per domain, and a perfect drafter
+(a_j = 1) as the ceiling this hardware allows; plus the acceptance every draft would need for 2x.
+
+    python benchmarks/speedup_bound.py [--profile sla_profiles/smollm2-135m-instruct-cpu.yaml]
+        [--eval benchmarks/results/drafter_eval_dspark.json] [--temperature 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from sglang_dspark.profiles import SlaProfile
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def best_speedup(accept: list[float], step_s: np.ndarray, t0: float) -> tuple[float, int]:
+    tokens = 1.0 + np.concatenate([[0.0], np.cumsum(accept)])
+    speed = tokens[: step_s.size] * t0 / step_s[: tokens.size]
+    speed[0] = 1.0  # k = 0 is target-only decoding
+    k = int(np.argmax(speed))
+    return float(speed[k]), k
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default=str(ROOT / "sla_profiles/smollm2-135m-instruct-cpu.yaml"), help="SLA profile")
+    parser.add_argument("--eval", default=str(ROOT / "benchmarks/results/drafter_eval_dspark.json"),
+                        help="drafter evaluation JSON (per-position acceptance per domain)")
+    parser.add_argument("--temperature", default="0", help="which temperature's acceptance rates to use")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/speedup_bound.json"), help="JSON output path")
+    args = parser.parse_args()
+    profile = SlaProfile.load(args.profile)
+    table = profile.sps_table()
+    gamma = profile.fingerprint.gamma
+    t0 = 1.0 / table(1, num_requests=1, drafted=False)
+    step_s = 1.0 / np.array([table(1 + k, num_requests=1, drafted=k > 0) for k in range(gamma + 1)])
+    domains = json.loads(Path(args.eval).read_text())["by_temperature"][args.temperature]["domains"]
+    rows = {d: v["accept_rate_per_position"] for d, v in domains.items()}
+    rows["perfect drafter"] = [1.0] * gamma
+    # the constant per-draft acceptance a (a_j = a^j) at which the best k reaches 2x
+    grid = np.linspace(0, 1, 1001)
+    need = next((float(a) for a in grid if best_speedup([a ** j for j in range(1, gamma + 1)], step_s, t0)[0] >= 2.0), None)
+    print(f"T0 (undrafted step, R=1) = {1e3 * t0:.1f} ms; drafted step T(1+k) ms: "
+          + " ".join(f"{1e3 * s:.1f}" for s in step_s[1:]))
+    print(f"{'acceptance':<16} {'a_1':>6} {'best k':>7} {'max speedup':>12}")
+    result_rows = []
+    for name, accept in rows.items():
+        speed, k = best_speedup(accept, step_s, t0)
+        result_rows.append({"acceptance": name, "accept_rate_per_position": accept, "best_k": k, "max_speedup": round(speed, 3)})
+        print(f"{name:<16} {accept[0]:>6.2f} {k:>7} {speed:>12.2f}")
+    print("per-draft acceptance needed for 2x at concurrency 1: "
+          + (f"a = {need:.3f} (a_j = a^j)" if need is not None else "unreachable even with a = 1"))
+    out = {"benchmark": "speedup_bound", "profile": args.profile, "eval": args.eval, "temperature": args.temperature,
+           "undrafted_step_ms": round(1e3 * t0, 2), "drafted_step_ms": [round(1e3 * s, 2) for s in step_s[1:]],
+           "rows": result_rows, "per_draft_acceptance_for_2x": need}
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""SLA mode beyond the budget: overhead-aware speed predictions and admission control."""
+
+import torch
+
+from engine_fixtures import tiny_engine
+from sglang_dspark.core.schedule import AsyncPlanner, decide_budget_sla, sla_speed
+from sglang_dspark.core.sps import SpsTable
+from sglang_dspark.engine.sampling import SamplingParams
+
+# 100 steps/s up to B = 2 tokens, then a cliff to 5 steps/s
+CLIFF = SpsTable.from_points([1, 2, 3], [100.0, 100.0, 5.0], max_batch_tokens=64)
+
+
+def test_overhead_lowers_the_predicted_speed_and_the_budget():
+    table = SpsTable.from_points(list(range(1, 65)), [20.0 / (1 + 0.05 * b) for b in range(1, 65)])
+    conf = torch.full((4, 7), 0.6)
+    survival = torch.cumprod(conf, 1)
+    fast = sla_speed(survival, table, 5.0)
+    slow = sla_speed(survival, table, 5.0, overhead_seconds=0.1)
+    assert slow < fast
+    # a tier met without overhead and missed with it: the budget moves to the best slowest speed
+    target = (fast + slow) / 2
+    assert sla_speed(survival, table, target) >= target > sla_speed(survival, table, target, overhead_seconds=0.1)
+    met = decide_budget_sla(survival, table, target)
+    missed = decide_budget_sla(survival, table, target, overhead_seconds=0.1)
+    assert missed.budget != met.budget and missed.predicted_theta < met.predicted_theta
+
+
+def test_can_admit_stops_where_the_tier_would_break():
+    planner = AsyncPlanner(CLIFF, gamma=4, lag=1, sla_tok_s_per_user=50.0)
+    low = torch.full((1, 4), 0.01)  # hopeless drafts: budget 0, one token per step
+    planner.observe(["a"], low)
+    assert planner.can_admit(["a"])  # two requests: B = 2, 100 tok/s each
+    planner.observe(["b"], low)
+    assert not planner.can_admit(["a", "b"])  # a third means B >= 3: 5 steps/s
+    assert AsyncPlanner(CLIFF, gamma=4, lag=1).can_admit(["a", "b", "c"])  # no SLA: no gate
+    assert planner.can_admit([])  # an empty engine always admits
+
+
+def test_unmeetable_tier_does_not_limit_admission():
+    planner = AsyncPlanner(CLIFF, gamma=4, lag=1, sla_tok_s_per_user=1e6)
+    planner.observe(["a", "b"], torch.full((2, 4), 0.01))
+    assert planner.can_admit(["a", "b"])  # even one request alone misses it: documented fallback
+
+
+def test_engine_in_sla_mode_caps_running_requests_and_finishes_all():
+    engine = tiny_engine("scheduled", max_running=6, sps=CLIFF, sla_tok_s_per_user=50.0)
+    most = [0]
+    step = engine.step
+
+    def counting_step():
+        step()
+        most[0] = max(most[0], engine.num_running)
+
+    engine.step = counting_step
+    outs = engine.generate([[5, 6, 7]] * 6, [SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)] * 6)
+    assert all(len(o) == 12 for o in outs)  # queued requests are served, nothing is lost
+    assert most[0] <= 2  # B = R >= 3 would drop every user to <= 5 * (1 + 4) tok/s
+    assert engine.planner.overhead_seconds > 0  # measured between decode steps
+
+
+def test_engine_without_sla_fills_every_slot():
+    engine = tiny_engine("scheduled", max_running=6, sps=CLIFF)
+    engine.generate([[5, 6, 7]] * 6, [SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)] * 6)
+    assert engine.planner.overhead_seconds == 0.0  # only SLA mode measures it
+    engine.submit([5, 6], SamplingParams(max_tokens=3, ignore_eos=True), lambda out: None)
+    for _ in range(3):
+        engine.submit([5, 6], SamplingParams(max_tokens=3, ignore_eos=True), lambda out: None)
+    engine.step()
+    assert engine.num_running == 4

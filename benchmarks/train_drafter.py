@@ -45,7 +45,8 @@ def eval_command(name: str, max_new_tokens: int, limit: int) -> list[str]:
     return [sys.executable, "-m", "sglang_dspark.evaluate", "--target", str(TARGET),
             "--draft", str(RUNS[name]["out"]), "--threads", "1", "--max-new-tokens", str(max_new_tokens),
             "--prompts-file", str(PROMPTS / "eval.jsonl"), "--calibration-file", str(PROMPTS / "calibration.jsonl"),
-            "--limit", str(limit), "--out", str(RESULTS / f"drafter_eval_{name}.json")]
+            "--limit", str(limit), "--out", str(RESULTS / f"drafter_eval_{name}.json"),
+            "--sts-out", str(RESULTS / f"drafter_sts_{name}.json")]
 
 
 def run_parallel(commands: dict[str, list[str]]) -> None:

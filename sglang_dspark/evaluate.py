@@ -180,6 +180,7 @@ def evaluate(target_dir, draft_dir, eval_records, calib_records, *, temperatures
             conf_e, len_e = _stack(evals, gamma)
             temps = fit_sts(conf_c, len_c)
             entry["sts_temperatures"] = temps.tolist()
+            entry["calibration_rounds"] = int(len_c.numel())
             entry["calibration"] = calibration_report(conf_e, len_e, temps)
         report["by_temperature"][f"{temp:g}"] = entry
     # Headline per-domain numbers at temperature 1 (the paper's setting), the others alongside.
@@ -249,6 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     p.add_argument("--out", help="also write the JSON report to this file")
+    p.add_argument("--sts-out", help="write the fitted STS temperatures (first calibration temperature) as "
+                   "SGLang's DSparkStsCalibration JSON, for `profile capture --sts` and SGLang's "
+                   "--speculative-dspark-confidence-sts-path")
     return p
 
 
@@ -271,12 +275,33 @@ def main(argv=None) -> int:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text)
+    if args.sts_out:
+        sts = sts_from_report(report, dataset=args.calibration_file or "built-in calibration split")
+        if sts is None:
+            print("error: no STS was fitted (no confidence head, or no calibration temperature among "
+                  "--temperatures)", file=sys.stderr)
+            return 2
+        Path(args.sts_out).parent.mkdir(parents=True, exist_ok=True)
+        sts.save(args.sts_out)
     if args.json:
         print(text)
     else:
         for domain, v in report["domains"].items():
             print(f"{domain:>8}: " + "  ".join(f"{k}={x:.3f}" for k, x in v.items()))
     return 0
+
+
+def sts_from_report(report: dict, dataset: str):
+    """The first temperature's fitted STS as SGLang's calibration struct (None if none was fitted)."""
+    from sglang_dspark.core.calibration import StsCalibration
+
+    for entry in report["by_temperature"].values():
+        if "sts_temperatures" in entry:
+            calib = entry["calibration"]
+            return StsCalibration(temperatures=entry["sts_temperatures"], dataset=dataset,
+                                  num_samples=entry["calibration_rounds"],
+                                  ece_before=calib["ece_before"], ece_after=calib["ece_after"])
+    return None
 
 
 def _per_domain(records, limit):

@@ -10,7 +10,8 @@ from drafter_fixtures import TINY_TARGET, tiny_config
 from sglang_dspark.drafter import DraftOutput, DSparkDrafter
 from engine_fixtures import ToyTokenizer, tiny_engine
 from sglang_dspark.engine.sampling import SamplingParams
-from sglang_dspark.evaluate import SpeculativeDecoder, run_split, summarize
+from sglang_dspark.core.calibration import StsCalibration
+from sglang_dspark.evaluate import SpeculativeDecoder, run_split, sts_from_report, summarize
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -108,3 +109,14 @@ def test_run_split_reports_rounds_per_prompt():
         assert all(0 <= m <= engine.gamma for m in r["accept_lens"])
     summary = summarize(results, engine.gamma)
     assert set(summary) == {"a", "b"} and all(v["tau"] >= 1 for v in summary.values())
+
+
+def test_sts_from_report_writes_sglangs_struct(tmp_path):
+    calib = {"ece_before": [0.2, 0.1], "ece_after": [0.05, 0.04], "auroc_before": [0.7, 0.6], "auroc_after": [0.7, 0.6]}
+    report = {"by_temperature": {"0": {"domains": {}}, "1": {"sts_temperatures": [1.5, 0.8], "calibration_rounds": 321,
+                                                             "calibration": calib}}}
+    sts = sts_from_report(report, dataset="calib.jsonl")
+    sts.save(tmp_path / "sts.json")
+    loaded = StsCalibration.load(tmp_path / "sts.json")
+    assert loaded.temperatures == [1.5, 0.8] and loaded.num_samples == 321 and loaded.ece_after == [0.05, 0.04]
+    assert sts_from_report({"by_temperature": {"0": {"domains": {}}}}, dataset="x") is None

@@ -94,6 +94,11 @@ def main() -> None:
     prompts = [chat_prompt_ids(tokenizer, records[i % len(records)]["prompt"]) for i in range(args.requests)]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
 
+    # Warm-up (discarded): the first run in a process pays one-time costs (allocator, kernels)
+    # that would otherwise make whichever run comes first look slow.
+    warm = Engine(target, tokenizer, drafter, config=EngineConfig(mode="scheduled", max_running=args.concurrency, max_len=1024),
+                  sps=profile.sps_table(), sts_temperatures=profile.sts_temperatures(), model_name=args.model)
+    run(warm, prompts[: args.concurrency], SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
     rows = []
     meetable = None if args.meetable == "auto" else float(args.meetable)
     for name in ("off", "meetable", "unmeetable"):
@@ -107,6 +112,7 @@ def main() -> None:
             meetable = target_speed = round(statistics.median(speeds), 2)
         meets = sum(s >= target_speed for s in speeds) / len(speeds)
         rows.append({
+            "fraction_at_or_above_meetable_tier": round(sum(s >= meetable for s in speeds) / len(speeds), 3),
             "run": name, "sla_tok_s_per_user": sla, "scored_against": target_speed, "requests": len(speeds),
             "median_speed": round(statistics.median(speeds), 2), "p5_speed": round(sorted(speeds)[len(speeds) // 20], 2),
             "fraction_at_or_above": round(meets, 3),
@@ -114,10 +120,12 @@ def main() -> None:
             "mean_verify_tokens": round(statistics.mean(r["num_verify_tokens"] for r in engine.records), 2),
             "mean_bs": round(statistics.mean(r["bs"] for r in engine.records), 2),
         })
-    print(f"{'run':<11} {'tier':>6} {'median':>7} {'p5':>7} {'>= tier':>8} {'TTFT':>6} {'tok/s':>7} {'mean R':>7} {'verify tok/step':>16}")
+    print(f"{'run':<11} {'tier':>6} {'median':>7} {'p5':>7} {'>= tier':>8} {'>= meetable':>12} {'TTFT':>6} {'tok/s':>7} "
+          f"{'mean R':>7} {'verify tok/step':>16}")
     for r in rows:
         print(f"{r['run']:<11} {r['scored_against']:>6.1f} {r['median_speed']:>7.2f} {r['p5_speed']:>7.2f} "
-              f"{r['fraction_at_or_above']:>8.1%} {r['median_ttft_s']:>6.2f} {r['output_tok_s']:>7.2f} "
+              f"{r['fraction_at_or_above']:>8.1%} {r['fraction_at_or_above_meetable_tier']:>12.1%} "
+              f"{r['median_ttft_s']:>6.2f} {r['output_tok_s']:>7.2f} "
               f"{r['mean_bs']:>7.2f} {r['mean_verify_tokens']:>16.2f}")
     result = {"benchmark": "sla_mode", "concurrency": args.concurrency, "max_tokens": args.max_tokens,
               "threads": args.threads, "profile": args.profile, "rows": rows,

@@ -62,18 +62,31 @@ def run_parallel(commands: dict[str, list[str]]) -> None:
         raise SystemExit(f"failed: {failed} (see runs/<name>.log)")
 
 
+def tau_standard_error(domain: dict) -> float:
+    """Standard error of tau = E[m + 1] from P(m >= k), treating rounds as independent (they are
+    not quite: rounds of one prompt correlate, so this understates the noise somewhat).
+    E[(m + 1)^2] = 1 + 2 sum p_k + sum (2k - 1) p_k with p_k = P(m >= k), k = 1..G."""
+    p = domain["accept_rate_per_position"]
+    mean = 1 + sum(p)
+    second = 1 + 2 * sum(p) + sum((2 * k - 1) * pk for k, pk in enumerate(p, start=1))
+    return max(second - mean * mean, 0.0) ** 0.5 / max(domain["rounds"], 1) ** 0.5
+
+
 def table() -> dict:
     reports = {n: json.loads((RESULTS / f"drafter_eval_{n}.json").read_text()) for n in RUNS}
     rows = {}
-    print(f"{'domain':>8} {'T':>3} {'DFlash':>7} {'DSpark':>7} {'gain':>7}")
+    print(f"{'domain':>8} {'T':>3} {'DFlash':>7} {'DSpark':>7} {'gain':>7} {'+- 1 SE':>8} {'rounds':>7}")
     for temp in reports["dspark"]["by_temperature"]:
         ds = reports["dspark"]["by_temperature"][temp]["domains"]
         df = reports["dflash"]["by_temperature"][temp]["domains"]
         for domain in ds:
             gain = ds[domain]["tau"] / df[domain]["tau"] - 1
+            se = (tau_standard_error(ds[domain]) ** 2 + tau_standard_error(df[domain]) ** 2) ** 0.5 / df[domain]["tau"]
             rows[f"{domain}@T{temp}"] = {"dflash_tau": df[domain]["tau"], "dspark_tau": ds[domain]["tau"],
-                                          "gain": gain}
-            print(f"{domain:>8} {temp:>3} {df[domain]['tau']:7.3f} {ds[domain]['tau']:7.3f} {gain:+7.1%}")
+                                          "gain": gain, "gain_standard_error": se,
+                                          "rounds": {"dspark": ds[domain]["rounds"], "dflash": df[domain]["rounds"]}}
+            print(f"{domain:>8} {temp:>3} {df[domain]['tau']:7.3f} {ds[domain]['tau']:7.3f} {gain:+7.1%} "
+                  f"{se:>8.1%} {ds[domain]['rounds']:>7}")
     macro = {}
     for temp in reports["dspark"]["by_temperature"]:
         gains = [r["gain"] for k, r in rows.items() if k.endswith(f"@T{temp}")]

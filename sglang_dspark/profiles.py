@@ -17,7 +17,7 @@ such fingerprint (SGLANG.md); `SlaProfile.export_sglang` writes them for SGLang'
       measurements: [{num_requests, batch_tokens, median_ms, p10_ms, p90_ms, repeats}, ...]
     sts: null                 # or SGLang's DSparkStsCalibration fields
     sla_tiers: [{name, tok_s_per_user, ttft_s, max_concurrency}, ...]
-    provenance: {command, date, repeats, warmup, host}
+    provenance: {command, date, repeats, warmup, host, rounds}
 
 Every error names the field (`fingerprint.gamma: Expected int, got str`); `ProfileError` carries
 one line, `<path>: <reason>`.
@@ -142,6 +142,7 @@ class Provenance(_Strict):
     repeats: int
     warmup: int
     host: str
+    rounds: int = 1  # passes over the probes (repeats are per probe per pass)
 
 
 class SlaProfile(_Strict, kw_only=True):

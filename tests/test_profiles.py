@@ -273,6 +273,22 @@ def test_cli_export(tmp_path, good_yaml, capsys):
     assert "cannot read" in capsys.readouterr().err
 
 
+def test_cli_refit_rederives_the_tables_from_the_measurements(tmp_path, good_yaml, capsys):
+    from sglang_dspark.profile.__main__ import main
+
+    out = tmp_path / "refit.yaml"
+    assert main(["refit", str(good_yaml), "--out", str(out)]) == 0
+    assert "refitted" in capsys.readouterr().out and out.with_suffix(".png").is_file()
+    before, after = SlaProfile.load(good_yaml), SlaProfile.load(out)
+    assert after.sps.additive is not None and after.sps.draft_skip_seconds is not None
+    assert after.sps.measurements == before.sps.measurements and after.fingerprint == before.fingerprint
+    assert after.sps.cost.sample_batch_tokens == [1, 4, 8, 16]  # one entry per measured B
+    empty = tmp_path / "empty.yaml"
+    msgspec.structs.replace(before, sps=msgspec.structs.replace(before.sps, measurements=[])).save(empty)
+    assert main(["refit", str(empty)]) == 2
+    assert "sps.measurements: empty" in capsys.readouterr().err
+
+
 def test_every_cli_flag_has_help():
     from sglang_dspark.profile.__main__ import build_parser
 

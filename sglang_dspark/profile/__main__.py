@@ -2,6 +2,7 @@
 
     python -m sglang_dspark.profile validate PROFILE.yaml [--model DIR --draft DIR]
     python -m sglang_dspark.profile export PROFILE.yaml --out DIR
+    python -m sglang_dspark.profile refit PROFILE.yaml [--out NEW.yaml]
     python -m sglang_dspark.profile capture-http --base-url http://127.0.0.1:30000 --out PROFILE.yaml
 
 Errors are one line on stderr, `error: <file>: <reason naming the field>`, exit status 2.
@@ -66,6 +67,33 @@ def _run_export(args) -> int:
     return 0
 
 
+def _add_refit(subparsers) -> None:
+    p = subparsers.add_parser(
+        "refit", help="refit a profile's SPS tables from its recorded measurements (after a fitter change)",
+        description="Re-derives sps.cost, sps.additive and sps.draft_skip_seconds from sps.measurements (the "
+                    "median step time per (R, B) probe), keeps everything else, and redraws the plot.")
+    p.add_argument("file", type=Path, metavar="FILE", help="the SLA profile YAML")
+    p.add_argument("--out", type=Path, metavar="FILE", help="where to write the refitted profile (default: in place)")
+    p.set_defaults(func=_run_refit)
+
+
+def _run_refit(args) -> int:
+    from sglang_dspark.core.sps import SpsTable
+    from sglang_dspark.profile.capture import fit_tables, plot
+
+    profile = SlaProfile.load(args.file)
+    points = profile.sps.measurements
+    if not points:
+        raise ProfileError(f"{args.file}: sps.measurements: empty, nothing to refit")
+    cost, additive, skip = fit_tables(points, profile.sps.cost.max_batch_tokens)
+    sps = msgspec.structs.replace(profile.sps, cost=cost, additive=additive, draft_skip_seconds=skip)
+    out = args.out or args.file
+    msgspec.structs.replace(profile, sps=sps).save(out)
+    plot(points, SpsTable(additive, skip), out.with_suffix(".png"))
+    print(f"refitted {out} ({len(points)} measurements) and {out.with_suffix('.png')}")
+    return 0
+
+
 def _add_capture(subparsers) -> None:
     """The in-process capture (reference engine) registers itself here: a module
     `sglang_dspark.profile.capture_cli` with `add_parser(subparsers)` (or `sglang_dspark.profile.capture`
@@ -94,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_validate(subparsers)
     _add_export(subparsers)
+    _add_refit(subparsers)
     from sglang_dspark.profile.http_capture import add_capture_http_parser
 
     add_capture_http_parser(subparsers)

@@ -40,6 +40,14 @@ class Probe:
     def quantile_ms(self, q: float) -> float:
         return float(np.quantile(self.samples_ms, q))
 
+    @property
+    def p10_ms(self) -> float:
+        return self.quantile_ms(0.1)
+
+    @property
+    def p90_ms(self) -> float:
+        return self.quantile_ms(0.9)
+
 
 def budget_grid(num_requests: int, gamma: int, points: int) -> list[int]:
     """Budgets 0..R*G: every value while few, else `points` spread evenly (ends included)."""
@@ -73,13 +81,24 @@ def capture(
     points: int = 9,
     warmup: int = 2,
     repeats: int = 7,
+    rounds: int = 1,
     seed: int = 0,
     progress=None,
 ) -> list[Probe]:
-    """Median decode-step time for every (R, budget) probe. `engine` must be in scheduled mode."""
+    """Decode-step times for every (R, budget) probe. `engine` must be in scheduled mode.
+
+    Each of `rounds` passes visits every probe once, in a fresh shuffled order, for `repeats`
+    measured steps; a probe's samples pool over the passes. A shared host's speed drifts on the
+    scale of seconds, so steps taken back to back share one bias: spreading a probe's samples
+    over several passes lets the median average that bias out instead of inheriting it."""
     gamma = engine.gamma
-    probes = [(r, b) for r in requests for b in budget_grid(r, gamma, points)]
-    random.Random(seed).shuffle(probes)
+    grid = [(r, b) for r in requests for b in budget_grid(r, gamma, points)]
+    rng = random.Random(seed)
+    probes = []
+    for _ in range(rounds):
+        order = list(grid)
+        rng.shuffle(order)
+        probes += order
     max_tokens = engine.max_len - len(prompt_ids)
     results = []
     for num_requests, budget in probes:
@@ -108,7 +127,15 @@ def capture(
     return [Probe(r, b, tuple(samples)) for (r, b), samples in sorted(pooled.items())]
 
 
-def fit_cost_table(probes: list[Probe], max_batch_tokens: int) -> SpsCostTable:
+def fit_tables(points, max_batch_tokens: int):
+    """(1-D cost table, additive table, draft-skip seconds) from measured points: `Probe`s or a
+    profile's `Measurement`s (anything with num_requests, batch_tokens, median_ms)."""
+    additive = fit_additive_table(points)
+    skip = fit_draft_skip(points, additive)
+    return fit_cost_table(points, max_batch_tokens), additive, None if skip is None else [round(v, 6) for v in skip]
+
+
+def fit_cost_table(probes, max_batch_tokens: int) -> SpsCostTable:
     """SGLang's 1-D form: SPS at each measured B (median over the R that reached it)."""
     by_tokens: dict[int, list[float]] = {}
     for p in probes:
@@ -121,31 +148,65 @@ def fit_cost_table(probes: list[Probe], max_batch_tokens: int) -> SpsCostTable:
     )
 
 
-def fit_additive_table(probes: list[Probe]) -> SpsAdditiveCostTable:
-    """Least squares for step seconds = bias + alpha(R) + theta(B) over the probes that ran the
-    drafter (B > R): the step SGLang's table describes always drafts."""
+def theta_knots(batch_tokens: list[int]) -> list[int]:
+    """Where theta(B) gets a free value: every measured B up to 16 (small batches are where the
+    curve bends), then measured B at least ~25 % apart, and the largest."""
+    bs = sorted(set(batch_tokens))
+    knots = [b for b in bs if b <= 16]
+    for b in bs:
+        if b > 16 and (not knots or b >= 1.25 * knots[-1]):
+            knots.append(b)
+    if knots[-1] != bs[-1]:
+        knots.append(bs[-1])
+    return knots
+
+
+def fit_additive_table(probes) -> SpsAdditiveCostTable:
+    """Step seconds = bias + alpha(R) + theta(B) over the probes that ran the drafter (B > R): the
+    step SGLang's table describes always drafts.
+
+    theta is piecewise linear between `theta_knots` (SGLang interpolates linearly between
+    m_probes) and both alpha and theta are non-decreasing (more requests or tokens never make a
+    step cheaper): non-negative least squares on their increments. Free per-B values would let
+    B's seen by a single R absorb that R's term, and the fit swing with noise between them.
+    """
+    from scipy.optimize import nnls
+
     drafted = [p for p in probes if p.batch_tokens > p.num_requests]
     if not drafted:
         raise ValueError("no probe ran the drafter (every budget was 0): nothing to fit")
     rs = sorted({p.num_requests for p in drafted})
-    bs = sorted({p.batch_tokens for p in drafted})
-    design = np.zeros((len(drafted), len(rs) - 1 + len(bs)))
-    target = np.array([p.median_ms / 1000.0 for p in drafted])
+    knots = theta_knots([p.batch_tokens for p in drafted])
+    # columns: alpha increments (R_1..), theta base, theta increments (knot_1..)
+    design = np.zeros((len(drafted), len(rs) - 1 + len(knots)))
     for i, p in enumerate(drafted):
-        r = rs.index(p.num_requests)
-        if r:  # alpha(R_min) = 0: the constant lives in theta
-            design[i, r - 1] = 1.0
-        design[i, len(rs) - 1 + bs.index(p.batch_tokens)] = 1.0
-    coef, *_ = np.linalg.lstsq(design, target, rcond=None)
-    alpha = [0.0] + coef[: len(rs) - 1].tolist()
-    theta = coef[len(rs) - 1 :]
-    bias = max(float(theta.min()) * 0.5, 1e-5)  # SGLang requires bias > 0
-    return SpsAdditiveCostTable(
-        bias_seconds=bias, bs_probes=rs, alpha_seconds=alpha, m_probes=bs, theta_seconds=(theta - bias).tolist()
-    )
+        design[i, : rs.index(p.num_requests)] = 1.0
+        weights = _knot_weights(knots, p.batch_tokens)  # theta(B) = sum_j w_j theta(knot_j)
+        cumulative = np.cumsum(weights[::-1])[::-1]  # theta(knot_j) = base + sum_{i<=j} increment_i
+        design[i, len(rs) - 1 :] = cumulative
+    target = np.array([p.median_ms / 1000.0 for p in drafted])
+    coef, _ = nnls(design, target)
+    alpha = np.concatenate([[0.0], np.cumsum(coef[: len(rs) - 1])])
+    theta = np.cumsum(coef[len(rs) - 1 :])
+    bias = max(float(theta[0]) * 0.5, 1e-5)  # SGLang requires bias > 0
+    return SpsAdditiveCostTable(bias_seconds=bias, bs_probes=rs, alpha_seconds=alpha.tolist(),
+                                m_probes=knots, theta_seconds=(theta - bias).tolist())
 
 
-def fit_draft_skip(probes: list[Probe], additive: SpsAdditiveCostTable) -> list[float] | None:
+def _knot_weights(knots: list[int], b: int) -> np.ndarray:
+    weights = np.zeros(len(knots))
+    if b <= knots[0]:
+        weights[0] = 1.0
+    elif b >= knots[-1]:
+        weights[-1] = 1.0
+    else:
+        hi = next(i for i, k in enumerate(knots) if k >= b)
+        frac = (b - knots[hi - 1]) / (knots[hi] - knots[hi - 1])
+        weights[hi - 1], weights[hi] = 1.0 - frac, frac
+    return weights
+
+
+def fit_draft_skip(probes, additive: SpsAdditiveCostTable) -> list[float] | None:
     """Per R of `additive`: the drafted step the table predicts at budget 0 (B = R) minus the
     budget-0 step measured, where the engine skipped the drafter. None without such probes."""
     measured = {p.num_requests: p.median_ms / 1000.0 for p in probes if p.batch_tokens == p.num_requests}
@@ -160,7 +221,7 @@ def fit_draft_skip(probes: list[Probe], additive: SpsAdditiveCostTable) -> list[
     return skips
 
 
-def plot(probes: list[Probe], table: SpsTable, path) -> None:
+def plot(probes, table: SpsTable, path) -> None:
     """Measured SPS(B) per batch size R (medians with p10-p90 bars) and the additive fit; the
     fit's B = R point is the budget-0 step without the drafter."""
     import matplotlib
@@ -173,7 +234,7 @@ def plot(probes: list[Probe], table: SpsTable, path) -> None:
         ps = [p for p in probes if p.num_requests == r]
         x = [p.batch_tokens for p in ps]
         y = [1000.0 / p.median_ms for p in ps]
-        err = [[yi - 1000.0 / p.quantile_ms(0.1) for yi, p in zip(y, ps)], [1000.0 / p.quantile_ms(0.9) - yi for yi, p in zip(y, ps)]]
+        err = [[yi - 1000.0 / p.p10_ms for yi, p in zip(y, ps)], [1000.0 / p.p90_ms - yi for yi, p in zip(y, ps)]]
         err = [[abs(e) for e in err[0]], [abs(e) for e in err[1]]]
         line = ax.errorbar(x, y, yerr=err, marker="o", ms=3, capsize=2, label=f"R={r} measured")
         fx = list(range(r, max(x) + 1))

@@ -23,7 +23,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--requests", default="1,2,4,8,16", help="comma-separated batch sizes R to probe")
     p.add_argument("--points", type=int, default=9, help="budgets probed per batch size (all of 0..R*G when fewer)")
     p.add_argument("--warmup", type=int, default=2, help="unmeasured steps before each probe")
-    p.add_argument("--repeats", type=int, default=7, help="measured steps per probe (median reported)")
+    p.add_argument("--repeats", type=int, default=3, help="measured steps per probe in each round")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="passes over all probes, each in a new random order; a probe's median pools its "
+                   "rounds x repeats samples, so slow drift of a shared host averages out")
     p.add_argument("--prompt-tokens", type=int, default=128, help="context length of the probe requests")
     p.add_argument("--max-len", type=int, default=1024, help="engine context length per request")
     p.add_argument("--sts", type=Path, help="STS calibration JSON (SGLang format) to embed in the profile")
@@ -41,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from sglang_dspark.launch import SHIPPED_DRAFTS, resolve_model
     from sglang_dspark.profile.http_capture import parse_tier
     from sglang_dspark.core.sps import SpsTable
-    from sglang_dspark.profile.capture import budget_grid, capture, fit_additive_table, fit_cost_table, fit_draft_skip, plot
+    from sglang_dspark.profile.capture import budget_grid, capture, fit_tables, plot
     from sglang_dspark.profiles import Measurement, Provenance, SlaProfile, SpsSection, fingerprint_for, utc_now
     from sglang_dspark.server.bootstrap import build_reference_engine
     from sglang_dspark.train.data import chat_prompt_ids
@@ -56,13 +59,11 @@ def run(args: argparse.Namespace) -> int:
     engine = build_reference_engine(model_dir, draft_dir, None, "scheduled", max(requests), args.max_len, seed=args.seed)
     chat = chat_prompt_ids(engine.tokenizer, "Explain, step by step, how a hash map handles collisions, with a Python example.")
     prompt = (chat * (args.prompt_tokens // len(chat) + 1))[-args.prompt_tokens :]
-    total = sum(len(budget_grid(r, engine.gamma, args.points)) for r in requests)
+    total = args.rounds * sum(len(budget_grid(r, engine.gamma, args.points)) for r in requests)
     with tqdm(total=total, desc="SPS probes", unit="probe") as bar:
         probes = capture(engine, prompt, requests=requests, points=args.points, warmup=args.warmup,
-                         repeats=args.repeats, seed=args.seed, progress=bar)
-    cost = fit_cost_table(probes, max(requests) * (engine.gamma + 1))
-    additive = fit_additive_table(probes)
-    draft_skip = fit_draft_skip(probes, additive)
+                         repeats=args.repeats, rounds=args.rounds, seed=args.seed, progress=bar)
+    cost, additive, draft_skip = fit_tables(probes, max(requests) * (engine.gamma + 1))
     profile = SlaProfile(
         version=1,
         name=args.name or args.out.stem,
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         sps=SpsSection(
             cost=cost,
             additive=additive,
-            draft_skip_seconds=None if draft_skip is None else [round(v, 6) for v in draft_skip],
+            draft_skip_seconds=draft_skip,
             measurements=[
                 Measurement(num_requests=p.num_requests, batch_tokens=p.batch_tokens, median_ms=round(p.median_ms, 3),
                             p10_ms=round(p.quantile_ms(0.1), 3), p90_ms=round(p.quantile_ms(0.9), 3), repeats=len(p.samples_ms))
@@ -80,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
         sts=StsCalibration.load(args.sts) if args.sts else None,
         sla_tiers=tiers,
         provenance=Provenance(command=shlex.join(["python", "-m", "sglang_dspark.profile", *sys.argv[1:]]), date=utc_now(),
-                              repeats=args.repeats, warmup=args.warmup, host=socket.gethostname()),
+                              repeats=args.repeats, warmup=args.warmup, host=socket.gethostname(),
+                              rounds=args.rounds),
     )
     profile.save(args.out)
     plot(probes, SpsTable(additive, draft_skip), args.out.with_suffix(".png"))

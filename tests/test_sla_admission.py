@@ -1,5 +1,6 @@
 """SLA mode beyond the budget: overhead-aware speed predictions and admission control."""
 
+import pytest
 import torch
 
 from engine_fixtures import tiny_engine
@@ -37,6 +38,17 @@ def test_can_admit_stops_where_the_tier_would_break():
     assert planner.can_admit([])  # an empty engine always admits
 
 
+def test_time_scale_corrects_an_optimistic_table():
+    table = SpsTable.from_points([1, 2, 3], [100.0, 70.0, 5.0], max_batch_tokens=64)
+    planner = AsyncPlanner(table, gamma=4, lag=1, sla_tok_s_per_user=40.0)
+    planner.observe(["a"], torch.full((1, 4), 0.01))
+    assert planner.can_admit(["a"])  # the table: 70 steps/s at B = 2
+    planner.time_scale = 2.0  # steps measured twice as slow: 35 tok/s < 40 (alone: 50, reachable)
+    assert not planner.can_admit(["a"])
+    survival = torch.cumprod(torch.full((2, 4), 0.01), 1)
+    assert sla_speed(survival, CLIFF, 60.0, time_scale=2.0) == pytest.approx(sla_speed(survival, CLIFF, 60.0) / 2)
+
+
 def test_unmeetable_tier_does_not_limit_admission():
     planner = AsyncPlanner(CLIFF, gamma=4, lag=1, sla_tok_s_per_user=1e6)
     planner.observe(["a", "b"], torch.full((2, 4), 0.01))
@@ -57,12 +69,13 @@ def test_engine_in_sla_mode_caps_running_requests_and_finishes_all():
     assert all(len(o) == 12 for o in outs)  # queued requests are served, nothing is lost
     assert most[0] <= 2  # B = R >= 3 would drop every user to <= 5 * (1 + 4) tok/s
     assert engine.planner.overhead_seconds > 0  # measured between decode steps
+    assert engine.planner.time_scale != 1.0  # measured against the table's predictions
 
 
 def test_engine_without_sla_fills_every_slot():
     engine = tiny_engine("scheduled", max_running=6, sps=CLIFF)
     engine.generate([[5, 6, 7]] * 6, [SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)] * 6)
-    assert engine.planner.overhead_seconds == 0.0  # only SLA mode measures it
+    assert engine.planner.overhead_seconds == 0.0 and engine.planner.time_scale == 1.0  # only SLA mode measures them
     engine.submit([5, 6], SamplingParams(max_tokens=3, ignore_eos=True), lambda out: None)
     for _ in range(3):
         engine.submit([5, 6], SamplingParams(max_tokens=3, ignore_eos=True), lambda out: None)

@@ -90,30 +90,34 @@ def decide_budget(survival: torch.Tensor, sps: SpsTable, *, early_stop: bool = F
 
 
 def decide_budget_sla(survival: torch.Tensor, sps: SpsTable, tok_s_per_user: float, *,
-                      overhead_seconds: float = 0.0) -> BudgetDecision:
+                      overhead_seconds: float = 0.0, time_scale: float = 1.0) -> BudgetDecision:
     """SLA-aware budget: maximise Theta subject to every request's predicted speed
     (1 + sum of its verified survivals) / (step seconds + overhead) staying >= tok_s_per_user.
 
     `overhead_seconds` is the wall time each decode step also pays outside its own forward
     (interleaved prefills of new requests, streaming): users feel it, the SPS table does not hold it.
+    `time_scale` multiplies the table's step seconds: the engine's measured/predicted ratio, for
+    load the profile did not see.
     When no budget meets the SLA (the engine is too loaded for the tier), fall back to the budget
     that maximises the slowest request's predicted speed: the closest the step can get.
     """
-    k, seconds, theta, slowest = _sla_curves(survival, sps, tok_s_per_user, overhead_seconds)
+    k, seconds, theta, slowest = _sla_curves(survival, sps, tok_s_per_user, overhead_seconds, time_scale)
     return BudgetDecision(k, float(seconds[k]), float(theta[k]))
 
 
 def sla_speed(survival: torch.Tensor, sps: SpsTable, tok_s_per_user: float, *,
-              overhead_seconds: float = 0.0) -> float:
+              overhead_seconds: float = 0.0, time_scale: float = 1.0) -> float:
     """Predicted speed of the slowest request at the budget `decide_budget_sla` picks."""
-    k, _, _, slowest = _sla_curves(survival, sps, tok_s_per_user, overhead_seconds)
+    k, _, _, slowest = _sla_curves(survival, sps, tok_s_per_user, overhead_seconds, time_scale)
     return float(slowest[k])
 
 
-def _sla_curves(survival, sps, tok_s_per_user, overhead_seconds):
+def _sla_curves(survival, sps, tok_s_per_user, overhead_seconds, time_scale=1.0):
     num_requests = survival.shape[0]
     values, order = _ranked_candidates(survival.detach().cpu().numpy())
     theta, seconds = _theta_curve(values, num_requests, sps)
+    if time_scale != 1.0:
+        theta, seconds = theta / time_scale, seconds * time_scale
     if overhead_seconds:
         theta = theta * seconds / (seconds + overhead_seconds)
     k_max = theta.size - 1
@@ -165,7 +169,7 @@ class AsyncPlanner:
     `buckets` (sorted total verify-token sizes, e.g. CUDA-graph sizes) snap the step up to the
     next bucket and fill it with further drafts, since padded slots cost the same time.
     `sla_tok_s_per_user` switches the capacity search to `decide_budget_sla`, with the engine's
-    measured per-step `overhead_seconds`, and gates admission (`can_admit`).
+    measured per-step `overhead_seconds` and `time_scale`, and gates admission (`can_admit`).
     """
 
     def __init__(
@@ -190,6 +194,7 @@ class AsyncPlanner:
         self._history: dict[Hashable, deque[torch.Tensor]] = {}
         self.last_decision: BudgetDecision | None = None
         self.overhead_seconds = 0.0  # SLA mode: the engine's measured non-forward time per decode step
+        self.time_scale = 1.0  # SLA mode: how much slower steps run than the table predicts (engine-measured)
 
     def _lagged_conf(self, request_ids: Sequence[Hashable]) -> torch.Tensor:
         rows = []
@@ -220,7 +225,7 @@ class AsyncPlanner:
             decision = decide_budget(survival, self.sps, early_stop=False)
         else:
             decision = decide_budget_sla(survival, self.sps, self.sla_tok_s_per_user,
-                                         overhead_seconds=self.overhead_seconds)
+                                         overhead_seconds=self.overhead_seconds, time_scale=self.time_scale)
         self.last_decision = decision
         return self.snap(len(request_ids), decision.budget)
 
@@ -243,7 +248,7 @@ class AsyncPlanner:
         rows = [h[0] if h is not None and len(h) == self.lag else typical
                 for h in (self._history.get(rid) for rid in request_ids)]
         speed = functools.partial(sla_speed, sps=self.sps, tok_s_per_user=self.sla_tok_s_per_user,
-                                  overhead_seconds=self.overhead_seconds)
+                                  overhead_seconds=self.overhead_seconds, time_scale=self.time_scale)
         grown = torch.from_numpy(_host_survival(torch.stack([*rows, typical])))
         if speed(grown) >= self.sla_tok_s_per_user:
             return True

@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -113,6 +114,7 @@ class Engine:
         self._undrafted_steps = 0
         self._probe_interval = config.probe_every
         self._last_decode_end: float | None = None  # SLA mode measures the time between decode steps
+        self._step_ratios: deque[float] = deque(maxlen=64)  # SLA mode: measured / predicted step time
         # Observer of every drafted round: (request_id, accepted, verified, raw conf logits [G]).
         # Offline evaluation reads acceptance and calibration data through it.
         self.on_round: Callable[[str, int, int, torch.Tensor], None] | None = None
@@ -312,6 +314,15 @@ class Engine:
             gap = t0 - self._last_decode_end
             self.planner.overhead_seconds += 0.1 * (gap - self.planner.overhead_seconds)
 
+    def _track_time_scale(self, ratio: float) -> None:
+        """SLA mode: the tier is a promise, so the planner scales the table by the 90th percentile
+        of measured / predicted step time over the last 64 steps (load the profile did not see:
+        neighbours on the host, longer contexts)."""
+        if self.planner is None or self.config.sla_tok_s_per_user is None:
+            return
+        self._step_ratios.append(ratio)
+        self.planner.time_scale = float(np.quantile(np.fromiter(self._step_ratios, float), 0.9))
+
     def _decode(self, reqs: list[Request]) -> None:
         t0 = time.perf_counter()
         self._track_overhead(t0)
@@ -363,6 +374,7 @@ class Engine:
         num_tokens = R + int(lens.sum())
         if not self.sps.is_flat:
             predicted = 1.0 / self.sps(num_tokens, num_requests=R, drafted=drafts is not None)
+            self._track_time_scale(step_s / predicted)
         self.metrics.observe_step(step_s, predicted)
         self.metrics.verify_tokens.observe(num_tokens)
         self.metrics.verify_steps.inc()

@@ -22,8 +22,7 @@ import time
 from pathlib import Path
 
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
+from model_pair import add_common_args, heldout_prompts, load_pair
 MODES = ("target", "full", "scheduled")
 
 
@@ -64,36 +63,26 @@ def run_mode(engine, prompts: list[list[int]], params, concurrency: int) -> dict
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m-instruct", help="target directory or zoo name")
-    parser.add_argument("--draft", default=str(ROOT / "launch/models/smollm2-135m-instruct-dspark"), help="drafter directory")
-    parser.add_argument("--profile", default=str(ROOT / "sla_profiles/smollm2-135m-instruct-cpu.yaml"),
-                        help="SLA profile whose SPS table drives the scheduled mode")
+    add_common_args(parser, "decode_speed")
     parser.add_argument("--concurrency", default="1,4,16", help="comma-separated concurrency levels")
     parser.add_argument("--max-tokens", type=int, default=96, help="completion tokens per request")
     parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs of every mode; the median is reported")
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/decode_speed.json"), help="JSON output path")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(args.threads)
 
-    from model_pair import load_pair
-
     from sglang_dspark.engine.engine import Engine, EngineConfig
     from sglang_dspark.engine.sampling import SamplingParams
     from sglang_dspark.profiles import SlaProfile
-    from sglang_dspark.train.data import chat_prompt_ids
-    from sglang_dspark.train.prompts import split_prompts
 
     target, tokenizer, drafter = load_pair(args.model, args.draft)
     profile = SlaProfile.load(args.profile)
-    records = split_prompts("heldout")
 
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=None)
     rows = []
     for concurrency in [int(c) for c in args.concurrency.split(",")]:
-        prompts = [chat_prompt_ids(tokenizer, records[i % len(records)]["prompt"]) for i in range(2 * concurrency)]
+        prompts = heldout_prompts(tokenizer, 2 * concurrency)
         row = {"concurrency": concurrency, "requests": len(prompts)}
         runs = {mode: [] for mode in MODES}
         for rep in range(args.repeats):  # interleaved, so host drift hits every mode alike

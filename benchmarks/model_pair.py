@@ -1,8 +1,30 @@
-"""Load the target, tokenizer and drafter that the engine benchmarks share."""
+"""What the engine benchmarks share: their common flags, the model pair, the held-out prompts."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def add_common_args(parser, result_name: str) -> None:
+    """--model, --draft, --profile, --threads and --out (benchmarks/results/<result_name>.json)."""
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="target directory or zoo name")
+    parser.add_argument("--draft", default=str(ROOT / "launch/models/smollm2-135m-instruct-dspark"), help="drafter directory")
+    parser.add_argument("--profile", default=str(ROOT / "sla_profiles/smollm2-135m-instruct-cpu.yaml"),
+                        help="SLA profile whose SPS table drives the scheduled mode")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--out", default=str(ROOT / f"benchmarks/results/{result_name}.json"), help="JSON output path")
+
+
+def heldout_prompts(tokenizer, count: int) -> list[list[int]]:
+    """`count` chat-templated prompt ids, cycling through the built-in held-out split."""
+    from sglang_dspark.train.data import chat_prompt_ids
+    from sglang_dspark.train.prompts import split_prompts
+
+    records = split_prompts("heldout")
+    return [chat_prompt_ids(tokenizer, records[i % len(records)]["prompt"]) for i in range(count)]
 
 
 def load_pair(model: str, draft: str):

@@ -24,8 +24,7 @@ import time
 from pathlib import Path
 
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
+from model_pair import add_common_args, heldout_prompts, load_pair
 
 
 def run(engine, prompts, params) -> tuple[list[float], list[float], float]:
@@ -64,9 +63,7 @@ def run(engine, prompts, params) -> tuple[list[float], list[float], float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m-instruct", help="target directory or zoo name")
-    parser.add_argument("--draft", default=str(ROOT / "launch/models/smollm2-135m-instruct-dspark"), help="drafter directory")
-    parser.add_argument("--profile", default=str(ROOT / "sla_profiles/smollm2-135m-instruct-cpu.yaml"), help="SLA profile (SPS table)")
+    add_common_args(parser, "sla_mode")
     parser.add_argument("--concurrency", type=int, default=8, help="requests running at once")
     parser.add_argument("--requests", type=int, default=24, help="requests per tier")
     parser.add_argument("--max-tokens", type=int, default=64, help="completion tokens per request")
@@ -74,24 +71,17 @@ def main() -> None:
                         help="tok/s/user of the tier the engine can meet; auto: the median per-user speed of "
                         "the run without SLA mode (a tier half the users miss without it)")
     parser.add_argument("--unmeetable", type=float, default=500.0, help="tok/s/user of a tier no step can meet")
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/sla_mode.json"), help="JSON output path")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(args.threads)
 
-    from model_pair import load_pair
-
     from sglang_dspark.engine.engine import Engine, EngineConfig
     from sglang_dspark.engine.sampling import SamplingParams
     from sglang_dspark.profiles import SlaProfile
-    from sglang_dspark.train.data import chat_prompt_ids
-    from sglang_dspark.train.prompts import split_prompts
 
     target, tokenizer, drafter = load_pair(args.model, args.draft)
     profile = SlaProfile.load(args.profile)
-    records = split_prompts("heldout")
-    prompts = [chat_prompt_ids(tokenizer, records[i % len(records)]["prompt"]) for i in range(args.requests)]
+    prompts = heldout_prompts(tokenizer, args.requests)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
 
     # Warm-up (discarded): the first run in a process pays one-time costs (allocator, kernels)

@@ -35,8 +35,6 @@ class Generation:
     tokens: list[int]  # emitted tokens (prompt excluded), cut at max_new_tokens / eos
     accept_lens: list[int] = field(default_factory=list)  # accepted drafts per round
     conf_logits: list[torch.Tensor] = field(default_factory=list)  # [G] per round
-    draft_s: float = 0.0
-    target_s: float = 0.0
 
 
 class SpeculativeDecoder:
@@ -66,23 +64,17 @@ class SpeculativeDecoder:
         cache = self.cache_cls()
         self.draft_cache.truncate(0, 0)
         gen = Generation(tokens=[])
-        t0 = time.perf_counter()
         logits, features = self._target(torch.tensor(prompt_ids), cache)
-        gen.target_s += time.perf_counter() - t0
         n = len(prompt_ids)
         self.draft_cache.append(0, torch.arange(n), features)
         anchor = int(sampler(logits[-1:], 0)[0])
         gen.tokens.append(anchor)
         pos = n  # sequence position of the anchor (not yet in the target's cache)
         while len(gen.tokens) < max_new_tokens and anchor != eos_id:
-            t0 = time.perf_counter()
             draft = self.drafter.draft(self.draft_cache, [0], torch.tensor([anchor]),
                                        torch.tensor([pos]), sampler=sampler)
-            t1 = time.perf_counter()
             block = torch.cat([torch.tensor([anchor]), draft.tokens[0]])
             logits, features = self._target(block, cache)
-            gen.target_s += time.perf_counter() - t1
-            gen.draft_s += t1 - t0
             full = torch.tensor([gamma])
             if greedy:
                 accepted, nxt = verify_chain_greedy(draft.tokens, logits[None], full)

@@ -196,11 +196,16 @@ class AsyncPlanner:
         self.overhead_seconds = 0.0  # SLA mode: the engine's measured non-forward time per decode step
         self.time_scale = 1.0  # SLA mode: how much slower steps run than the table predicts (engine-measured)
 
-    def _lagged_conf(self, request_ids: Sequence[Hashable]) -> torch.Tensor:
+    def _lagged_rows(self, request_ids: Sequence[Hashable]) -> list[torch.Tensor | None]:
+        """Each request's confidence row from `lag` steps ago, None without that much history."""
         rows = []
         for rid in request_ids:
             hist = self._history.get(rid)
             rows.append(hist[0] if hist is not None and len(hist) == self.lag else None)
+        return rows
+
+    def _lagged_conf(self, request_ids: Sequence[Hashable]) -> torch.Tensor:
+        rows = self._lagged_rows(request_ids)
         default = torch.ones(self.gamma)
         if self.prior == "observed" and self._prior_count:
             default = (self._prior_sum / self._prior_count).to(torch.float32)
@@ -242,11 +247,10 @@ class AsyncPlanner:
         """
         if self.sla_tok_s_per_user is None or not request_ids:
             return True
-        known = [self._history.get(rid) for rid in request_ids]
-        known = [h[0] for h in known if h is not None and len(h) == self.lag]
+        lagged = self._lagged_rows(request_ids)
+        known = [r for r in lagged if r is not None]
         typical = torch.stack(known).mean(dim=0) if known else torch.zeros(self.gamma)
-        rows = [h[0] if h is not None and len(h) == self.lag else typical
-                for h in (self._history.get(rid) for rid in request_ids)]
+        rows = [typical if r is None else r for r in lagged]
         speed = functools.partial(sla_speed, sps=self.sps, tok_s_per_user=self.sla_tok_s_per_user,
                                   overhead_seconds=self.overhead_seconds, time_scale=self.time_scale)
         grown = torch.from_numpy(_host_survival(torch.stack([*rows, typical])))

@@ -300,6 +300,10 @@ class Engine:
     def _sampling(self, reqs: list[Request]) -> SamplingBatch:
         return SamplingBatch.build([r.params for r in reqs], [r.generator for r in reqs], self._generator)
 
+    @property
+    def _sla_mode(self) -> bool:
+        return self.planner is not None and self.config.sla_tok_s_per_user is not None
+
     def _sla_admits(self) -> bool:
         if self.planner is None or not self._running:
             return True
@@ -308,7 +312,7 @@ class Engine:
     def _track_overhead(self, t0: float) -> None:
         """SLA mode: EWMA of the wall time between consecutive decode steps (prefill chunks,
         streaming), which every running user waits through but no SPS table holds."""
-        if self.planner is None or self.config.sla_tok_s_per_user is None:
+        if not self._sla_mode:
             return
         if self._last_decode_end is not None:
             gap = t0 - self._last_decode_end
@@ -318,7 +322,7 @@ class Engine:
         """SLA mode: the tier is a promise, so the planner scales the table by the 90th percentile
         of measured / predicted step time over the last 64 steps (load the profile did not see:
         neighbours on the host, longer contexts)."""
-        if self.planner is None or self.config.sla_tok_s_per_user is None:
+        if not self._sla_mode:
             return
         self._step_ratios.append(ratio)
         self.planner.time_scale = float(np.quantile(np.fromiter(self._step_ratios, float), 0.9))
@@ -403,10 +407,7 @@ class Engine:
         if self.forced_budget_frac is not None:
             return capacity > 0
         decision = self.planner.last_decision
-        worthless = (
-            self.config.mode == "scheduled" and self.forced_budget_frac is None
-            and decision is not None and decision.budget == 0
-        )
+        worthless = self.config.mode == "scheduled" and decision is not None and decision.budget == 0
         if worthless and self._undrafted_steps < self._probe_interval:
             self._undrafted_steps += 1
             return False

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from sglang_dspark.core.calibration import calibration_report, fit_sts
+from sglang_dspark.core.calibration import OBJECTIVES, calibration_report, fit_sts
 from sglang_dspark.core.verify import verify_chain, verify_chain_greedy
 from sglang_dspark.drafter import DraftKVCache, greedy_sampler, load_drafter, temperature_sampler
 
@@ -148,7 +148,8 @@ def summarize(results, gamma) -> dict:
 
 
 def evaluate(target_dir, draft_dir, eval_records, calib_records, *, temperatures=(0.0, 1.0),
-             calibration_temperatures=(1.0,), max_new_tokens=96, seed=0) -> dict:
+             calibration_temperatures=(1.0,), max_new_tokens=96, seed=0, sts_objective="ece",
+             rounds_out=None) -> dict:
     from sglang_dspark.server.bootstrap import build_reference_engine
 
     engine = build_reference_engine(str(target_dir), str(draft_dir), None, "full",
@@ -170,10 +171,13 @@ def evaluate(target_dir, draft_dir, eval_records, calib_records, *, temperatures
             calib = run_split(engine, tokenizer, calib_records, temp, max_new_tokens, "calib")
             conf_c, len_c = _stack(calib, gamma)
             conf_e, len_e = _stack(evals, gamma)
-            temps = fit_sts(conf_c, len_c)
+            temps = fit_sts(conf_c, len_c, objective=sts_objective)
+            entry["sts_objective"] = sts_objective
             entry["sts_temperatures"] = temps.tolist()
             entry["calibration_rounds"] = int(len_c.numel())
             entry["calibration"] = calibration_report(conf_e, len_e, temps)
+            if rounds_out:  # the raw rounds, for refitting STS offline (benchmarks/sts_calibration.py)
+                save_rounds(f"{rounds_out}.t{temp:g}.pt", temp, gamma, {"eval": evals, "calibration": calib})
         report["by_temperature"][f"{temp:g}"] = entry
     # Headline per-domain numbers at temperature 1 (the paper's setting), the others alongside.
     headline = report["by_temperature"].get("1", next(iter(report["by_temperature"].values())))
@@ -184,6 +188,18 @@ def evaluate(target_dir, draft_dir, eval_records, calib_records, *, temperatures
     }
     report["macro_tau"] = headline["macro_tau"]
     return report
+
+
+def save_rounds(path, temperature, gamma, splits: dict) -> None:
+    """Per split: conf_logits [N, G], accept_len [N], and each round's prompt index and domain."""
+    data = {"temperature": temperature, "gamma": gamma}
+    for name, results in splits.items():
+        conf, lens = _stack(results, gamma)
+        prompt = [i for i, r in enumerate(results) for _ in r["accept_lens"]]
+        data[name] = {"conf_logits": conf, "accept_len": lens, "prompt": torch.tensor(prompt, dtype=torch.long),
+                      "domain": [r["domain"] for r in results]}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    torch.save(data, path)
 
 
 def _stack(results, gamma):
@@ -245,6 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sts-out", help="write the fitted STS temperatures (first calibration temperature) as "
                    "SGLang's DSparkStsCalibration JSON, for `profile capture --sts` and SGLang's "
                    "--speculative-dspark-confidence-sts-path")
+    p.add_argument("--sts-objective", choices=OBJECTIVES, default="ece",
+                   help="what each STS temperature minimises on the calibration split: the paper's "
+                   "cumulative ECE, or the log loss (less prone to fit the noise of a small split)")
+    p.add_argument("--rounds-out", help="save every round's raw confidences and accepted length, per split, "
+                   "to PREFIX.t<temperature>.pt (for benchmarks/sts_calibration.py)")
     return p
 
 
@@ -262,7 +283,8 @@ def main(argv=None) -> int:
     temps = tuple(float(t) for t in args.temperatures.split(","))
     report = evaluate(args.target, args.draft, eval_records, calib_records, temperatures=temps,
                       calibration_temperatures=tuple(float(t) for t in args.calibration_temperatures.split(",")),
-                      max_new_tokens=args.max_new_tokens, seed=args.seed)
+                      max_new_tokens=args.max_new_tokens, seed=args.seed,
+                      sts_objective=args.sts_objective, rounds_out=args.rounds_out)
     text = json.dumps(report, indent=2)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -2,9 +2,11 @@
 
 import math
 
+import pytest
 import torch
 
 from sglang_dspark.core.calibration import (
+    OBJECTIVES,
     StsCalibration,
     auroc,
     calibration_report,
@@ -22,10 +24,11 @@ def synthetic_overconfident(n=20_000, gamma=7, seed=0, inflate=3.0):
     return true_logit * inflate, accept_len
 
 
-def test_sts_at_least_halves_cumulative_ece_at_every_position_and_keeps_ranking():
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_sts_at_least_halves_cumulative_ece_at_every_position_and_keeps_ranking(objective):
     fit_logits, fit_len = synthetic_overconfident(seed=0)
     held_logits, held_len = synthetic_overconfident(seed=1)
-    temps = fit_sts(fit_logits, fit_len)
+    temps = fit_sts(fit_logits, fit_len, objective=objective)
     assert bool((temps > 1.0).all()), temps  # over-confident logits get cooled down
     report = calibration_report(held_logits, held_len, temps)
     for before, after in zip(report["ece_before"], report["ece_after"]):
@@ -36,6 +39,27 @@ def test_sts_at_least_halves_cumulative_ece_at_every_position_and_keeps_ranking(
     for k in range(held_logits.shape[1]):
         by_calibrated = raw[torch.argsort(calibrated[:, k]), k]
         assert bool((by_calibrated[1:] >= by_calibrated[:-1]).all())
+
+
+def test_sts_log_loss_fit_recovers_the_inflation_and_rejects_unknown_objectives():
+    """The log loss is minimised by the true probabilities, so on synthetic data whose logits are
+    inflated 3x every fitted temperature lands on the grid point nearest 3."""
+    logits, accept_len = synthetic_overconfident(n=40_000, seed=2)
+    temps = fit_sts(logits, accept_len, objective="nll")
+    assert bool(((temps - 3.0).abs() < 0.35).all()), temps
+    with pytest.raises(ValueError, match="objective"):
+        fit_sts(logits, accept_len, objective="brier")
+
+
+def test_sts_positions_without_enough_accepted_prefixes_inherit_the_previous_temperature():
+    logits, accept_len = synthetic_overconfident(n=20_000, seed=3)
+    accept_len = accept_len.clamp(max=4)  # no prefix of 5 or more is ever accepted
+    temps = fit_sts(logits, accept_len)
+    assert bool((temps[:4] > 1.0).all()) and bool((temps[4:] == temps[3]).all()), temps
+    # Without the rule the empty positions run to an end of the grid (as close to predicting 0 as
+    # a temperature gets: here the logits are positive, so the largest T, survival * 1/2).
+    unguarded = fit_sts(logits, accept_len, min_positives=0)
+    assert bool((unguarded[4:] > 30).all()), unguarded
 
 
 def test_ece_definition():

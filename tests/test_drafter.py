@@ -133,6 +133,7 @@ def test_kv_cache_incremental_append_equals_recompute():
     for lo, hi in [(0, 7), (7, 8), (8, 15), (15, 20)]:
         steps.append(0, torch.arange(lo, hi), ctx[lo:hi])
     assert steps.length(0) == once.length(0) == 20
+    steps.flush(), once.flush()
     assert torch.allclose(steps.k, once.k, atol=1e-6) and torch.allclose(steps.v, once.v, atol=1e-6)
     # Roll back a rejected suffix and rewrite it with different features.
     steps.truncate(0, 12)
@@ -142,6 +143,38 @@ def test_kv_cache_incremental_append_equals_recompute():
     steps.append(0, torch.arange(12, 20), new[12:])
     fresh = DraftKVCache(drafter, num_slots=1, max_len=24)
     fresh.append(0, torch.arange(20), new)
+    steps.flush(), fresh.flush()
     assert torch.allclose(steps.k, fresh.k, atol=1e-6)
     with pytest.raises(ValueError):
         steps.append(0, torch.arange(22, 23), new[:1])  # a gap after the current length
+
+
+def test_staged_appends_flush_like_eager_writes_across_slots():
+    """Appends are staged and projected in one batched call; rewrites, rollbacks and flushes of
+    some slots in between must leave exactly the K/V that writing each append at once gives."""
+    drafter = tiny_drafter()
+    feats = torch.randn(3, 30, FEAT)
+    lazy = DraftKVCache(drafter, num_slots=3, max_len=32)
+    eager = DraftKVCache(drafter, num_slots=3, max_len=32)
+
+    def both(op, *args):
+        getattr(lazy, op)(*args)
+        getattr(eager, op)(*args)
+        eager.flush()  # eager: project after every operation
+
+    ops = [("append", 0, 0, 9), ("append", 1, 0, 4), ("append", 0, 9, 12), ("truncate", 0, 10),
+           ("append", 0, 10, 14), ("flush", [1]), ("append", 1, 4, 5), ("append", 2, 0, 7),
+           ("append", 1, 2, 6), ("truncate", 2, 3), ("append", 2, 3, 8)]
+    for step, op in enumerate(ops):
+        if op[0] == "append":
+            _, slot, lo, hi = op
+            both("append", slot, torch.arange(lo, hi), feats[slot, lo:hi] + step)  # rewrites differ
+        elif op[0] == "truncate":
+            both("truncate", op[1], op[2])
+        else:
+            lazy.flush(op[1])
+    assert lazy.lengths == eager.lengths == [14, 6, 8]
+    lazy.flush()
+    for slot, n in enumerate(lazy.lengths):
+        assert torch.allclose(lazy.k[:, slot, :n], eager.k[:, slot, :n], atol=1e-6)
+        assert torch.allclose(lazy.v[:, slot, :n], eager.v[:, slot, :n], atol=1e-6)

@@ -152,9 +152,24 @@ def test_scheduled_engine_skips_the_drafter_when_no_draft_pays_and_probes_period
     out = run_to_completion(engine, [[5, 9, 11]], [SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)])[0]
     assert out == hf_greedy(hf, [5, 9, 11], 30)
     steps = len(engine.records)
-    # Two history-less steps draft (survival 1 looks worth it), then one in every probe_every + 1.
-    assert 2 <= len(calls) <= 2 + steps // 5 + 1 < steps
-    assert all(r["accepted_drafts"] == 0 for r in list(engine.records)[2:] if r["num_verify_tokens"] == 1)
+    # The first step drafts only to measure (capacity 0, nothing verified); then one probe in every
+    # probe_every + 1 steps, since the measured confidences make no draft worth verifying.
+    first = engine.records[0]
+    assert first["budget"] == 0 and first["num_verify_tokens"] == 1 and first["draft_ms"] > 0
+    assert 1 <= len(calls) <= 1 + steps // 5 + 1 < steps
+    assert all(r["accepted_drafts"] == 0 for r in list(engine.records)[1:] if r["num_verify_tokens"] == 1)
+
+
+def test_scheduled_engine_measures_first_then_drafts_where_drafting_pays():
+    """The measuring step costs one step's speculation; with a table where drafts pay, the
+    next step already verifies drafts (the new request inherits the measured prior)."""
+    hf = tiny_hf_target()
+    cheap = SpsTable.from_points([1, 64], [100.0, 100.0], max_batch_tokens=64)  # verify tokens are free
+    engine = tiny_engine("scheduled", hf=hf, sps=cheap, max_running=1)
+    out = run_to_completion(engine, [[5, 9, 11]], [SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)])[0]
+    assert out == hf_greedy(hf, [5, 9, 11], 20)
+    budgets = [r["budget"] for r in engine.records]
+    assert budgets[0] == 0 and all(b > 0 for b in budgets[1:])
 
 
 def test_probes_back_off_and_new_requests_use_the_observed_prior():
@@ -167,8 +182,8 @@ def test_probes_back_off_and_new_requests_use_the_observed_prior():
     params = SamplingParams(max_tokens=120, temperature=0.0, ignore_eos=True)
     assert run_to_completion(engine, [[5, 9, 11]], [params])[0] == hf_greedy(hf, [5, 9, 11], 120)
     steps = len(engine.records)
-    # 2 history-less drafts, then probes after 4, 8, 16, 16, ... undrafted steps
-    assert len(calls) <= 2 + 3 + (steps - 28) // 17 + 1 and steps > 100
+    # 1 measuring draft, then probes after 4, 8, 16, 16, ... undrafted steps
+    assert len(calls) <= 1 + 3 + (steps - 28) // 17 + 1 and steps > 100
     first = len(calls)
     run_to_completion(engine, [[7, 3]], [SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)])
     assert len(calls) == first  # the new request inherits the observed (worthless) confidences

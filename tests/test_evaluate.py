@@ -11,7 +11,7 @@ from sglang_dspark.drafter import DraftOutput, DSparkDrafter
 from engine_fixtures import ToyTokenizer, tiny_engine
 from sglang_dspark.engine.sampling import SamplingParams
 from sglang_dspark.core.calibration import StsCalibration
-from sglang_dspark.evaluate import SpeculativeDecoder, run_split, sts_from_report, summarize
+from sglang_dspark.evaluate import SpeculativeDecoder, run_split, save_rounds, sts_from_report, summarize
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -109,6 +109,20 @@ def test_run_split_reports_rounds_per_prompt():
         assert all(0 <= m <= engine.gamma for m in r["accept_lens"])
     summary = summarize(results, engine.gamma)
     assert set(summary) == {"a", "b"} and all(v["tau"] >= 1 for v in summary.values())
+
+
+def test_saved_rounds_keep_every_round_with_its_prompt(tmp_path):
+    engine = tiny_engine("full", max_running=2)
+    records = [{"domain": d, "prompt": p} for d, p in (("a", "w5 w9"), ("b", "w7 w21"))]
+    results = run_split(engine, ToyTokenizer(), records, 1.0, 12, "t")
+    save_rounds(tmp_path / "r.pt", 1.0, engine.gamma, {"eval": results})
+    data = torch.load(tmp_path / "r.pt")
+    saved = data["eval"]
+    counts = [len(r["accept_lens"]) for r in results]
+    assert data["gamma"] == engine.gamma and saved["domain"] == ["a", "b"]
+    assert saved["conf_logits"].shape == (sum(counts), engine.gamma)
+    assert torch.bincount(saved["prompt"]).tolist() == counts
+    assert saved["accept_len"].tolist() == results[0]["accept_lens"] + results[1]["accept_lens"]
 
 
 def test_sts_from_report_writes_sglangs_struct(tmp_path):

@@ -299,3 +299,23 @@ def test_every_cli_flag_has_help():
         for action in p._actions:
             if action.dest != "help":
                 assert action.help, f"{name} {action.dest} has no help"
+
+
+def test_cli_set_sts_embeds_checks_and_clears(tmp_path, good_yaml, capsys):
+    from sglang_dspark.core.calibration import StsCalibration
+    from sglang_dspark.profile.__main__ import main
+
+    gamma = SlaProfile.load(good_yaml).fingerprint.gamma
+    sts = tmp_path / "sts.json"
+    StsCalibration(temperatures=[1.5] * gamma, dataset="calib", num_samples=10).save(sts)
+    out = tmp_path / "with_sts.yaml"
+    assert main(["set-sts", str(good_yaml), "--sts", str(sts), "--out", str(out)]) == 0
+    loaded = SlaProfile.load(out)
+    assert loaded.sts.temperatures == [1.5] * gamma and loaded.sts_temperatures().tolist() == [1.5] * gamma
+    assert loaded.sps == SlaProfile.load(good_yaml).sps  # nothing else changes
+    # One temperature too many: refused with the field named, and the profile is left as it was.
+    StsCalibration(temperatures=[1.5] * (gamma + 1)).save(sts)
+    before = out.read_bytes()
+    assert main(["set-sts", str(out), "--sts", str(sts)]) == 2
+    assert "sts.temperatures" in capsys.readouterr().err and out.read_bytes() == before
+    assert main(["set-sts", str(out), "--clear"]) == 0 and SlaProfile.load(out).sts is None

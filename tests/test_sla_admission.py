@@ -1,5 +1,7 @@
 """SLA mode beyond the budget: overhead-aware speed predictions and admission control."""
 
+import time
+
 import pytest
 import torch
 
@@ -36,6 +38,34 @@ def test_can_admit_stops_where_the_tier_would_break():
     assert not planner.can_admit(["a", "b"])  # a third means B >= 3: 5 steps/s
     assert AsyncPlanner(CLIFF, gamma=4, lag=1).can_admit(["a", "b", "c"])  # no SLA: no gate
     assert planner.can_admit([])  # an empty engine always admits
+
+
+def test_measured_speed_below_the_tier_closes_admission_unless_the_tier_is_out_of_reach():
+    planner = AsyncPlanner(CLIFF, gamma=4, lag=1, sla_tok_s_per_user=50.0)
+    planner.observe(["a"], torch.full((1, 4), 0.01))
+    assert planner.can_admit(["a"], measured_slowest=None)  # predicted: 100 tok/s at B = 2
+    assert planner.can_admit(["a"], measured_slowest=60.0)
+    assert not planner.can_admit(["a"], measured_slowest=40.0)  # the running user already misses it
+    unreachable = AsyncPlanner(CLIFF, gamma=4, lag=1, sla_tok_s_per_user=1e6)
+    unreachable.observe(["a"], torch.full((1, 4), 0.01))
+    assert unreachable.can_admit(["a"], measured_slowest=1.0)  # fallback: admission not limited
+
+
+def test_engine_measures_the_slowest_running_speed_in_sla_mode_only():
+    engine = tiny_engine("scheduled", max_running=2, sps=CLIFF, sla_tok_s_per_user=50.0)
+    params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    engine.submit([5, 6, 7], params, lambda out: None)
+    assert engine._slowest_measured_speed() is None  # nothing running yet
+    for _ in range(12):
+        engine.step()
+    (req,) = engine._running
+    n = len(req.output_ids)
+    before = time.perf_counter()
+    speed = engine._slowest_measured_speed()
+    after = time.perf_counter()
+    assert n >= 8 and speed is not None
+    assert (n - 1) / (after - req.first_token_at) <= speed <= (n - 1) / (before - req.first_token_at)
+    assert tiny_engine("scheduled", max_running=2, sps=CLIFF)._slowest_measured_speed() is None
 
 
 def test_time_scale_corrects_an_optimistic_table():

@@ -73,6 +73,18 @@ def _ece_batched(pred: torch.Tensor, label: torch.Tensor, bins: int) -> torch.Te
     return gap / count.view(pred.shape[0], bins).sum(1).clamp(min=1)
 
 
+def _nll_batched(pred: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+    """Mean binary log loss of each row of pred [M, N] against label [N]."""
+    pred = pred.to(torch.float64).clamp(1e-12, 1 - 1e-12)
+    label = label.to(torch.float64)
+    return -(label * pred.log() + (1 - label) * (1 - pred).log()).mean(dim=1)
+
+
+# What each position's temperature minimises: the paper's ECE, or the log loss (a proper scoring
+# rule: no binning, so less prone to chase the noise of a small calibration split).
+OBJECTIVES = ("ece", "nll")
+
+
 def ece(pred: torch.Tensor, label: torch.Tensor, bins: int = 20) -> float:
     """Expected calibration error with `bins` equal-width bins (DeepSpec's evaluator)."""
     return float(_ece_batched(pred.reshape(1, -1), label.reshape(-1), bins)[0])
@@ -106,18 +118,34 @@ def fit_sts(
     *,
     grid: torch.Tensor = DEFAULT_GRID,
     bins: int = 20,
+    objective: str = "ece",
+    min_positives: int = 20,
 ) -> torch.Tensor:
     """Per-position temperatures [G] fitted left to right on held-out (conf_logits [N, G], accept_len [N]).
 
     accept_len must come from full-block verification, so every position's label is observed.
+    `objective` is what each temperature minimises over the grid: "ece" (DSPARK.md) or "nll".
+    A position whose labels hold fewer than `min_positives` accepted prefixes (or fewer than that
+    many rejected ones) keeps the previous position's temperature (1 at the first): a rate cannot be
+    calibrated from a handful of events, and with none at all either objective drives the
+    prediction to 0, the grid's smallest temperature.
     """
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     z = conf_logits.to(torch.float64)
     labels = prefix_labels(accept_len, z.shape[1])
     temperatures = torch.ones(z.shape[1], dtype=torch.float64)
     survival = torch.ones(z.shape[0], dtype=torch.float64)
     for k in range(z.shape[1]):
+        positives = int(labels[:, k].sum())
+        if min(positives, z.shape[0] - positives) < min_positives:
+            temperatures[k] = temperatures[k - 1] if k else 1.0
+            survival = survival * torch.sigmoid(z[:, k] / temperatures[k])
+            continue
         candidates = survival.unsqueeze(0) * torch.sigmoid(z[:, k].unsqueeze(0) / grid.unsqueeze(1))
-        best = int(torch.argmin(_ece_batched(candidates, labels[:, k], bins)))
+        loss = (_ece_batched(candidates, labels[:, k], bins) if objective == "ece"
+                else _nll_batched(candidates, labels[:, k]))
+        best = int(torch.argmin(loss))
         temperatures[k] = grid[best]
         survival = candidates[best]
     return temperatures.to(torch.float32)

@@ -188,6 +188,7 @@ class AsyncPlanner:
             raise ValueError(f"prior must be 'one' or 'observed', got {prior!r}")
         self.prior = prior
         self._prior_sum, self._prior_count = torch.zeros(gamma, dtype=torch.float64), 0
+        self.rows_observed = 0  # confidence rows seen so far, over all requests
         self.sps, self.gamma, self.lag = sps, gamma, lag
         self.sla_tok_s_per_user = sla_tok_s_per_user
         self.buckets = sorted(int(b) for b in buckets) if buckets else None
@@ -234,16 +235,18 @@ class AsyncPlanner:
         self.last_decision = decision
         return self.snap(len(request_ids), decision.budget)
 
-    def can_admit(self, request_ids: Sequence[Hashable]) -> bool:
+    def can_admit(self, request_ids: Sequence[Hashable], measured_slowest: float | None = None) -> bool:
         """SLA admission: may one more request join `request_ids` (the running batch)?
 
-        Yes when nothing runs, when the predicted slowest speed with the newcomer still meets the
-        tier, or when the tier is out of reach even for a request alone (then limiting the batch
-        would only cost throughput: the documented fallback serves everyone at the best
-        slowest-user speed). Requests without history, the newcomer included, count as the mean
-        of those with history, or as survival 0 (one token per step) when none has any: a tier is
-        a promise, so admission is conservative where capacity is optimistic. Always yes outside
-        SLA mode.
+        Yes when nothing runs, or when the tier is out of reach even for a request alone (then
+        limiting the batch would only cost throughput: the documented fallback serves everyone at
+        the best slowest-user speed). Otherwise no while `measured_slowest`, the slowest running
+        request's measured speed (tok/s since its first token), is below the tier: the loop closes
+        over whatever the model misses (prefill stalls, probes, a host slowing down). Then yes
+        when the predicted slowest speed with the newcomer still meets the tier. Requests without
+        history, the newcomer included, count as the mean of those with history, or as survival 0
+        (one token per step) when none has any: a tier is a promise, so admission is conservative
+        where capacity is optimistic. Always yes outside SLA mode.
         """
         if self.sla_tok_s_per_user is None or not request_ids:
             return True
@@ -253,10 +256,12 @@ class AsyncPlanner:
         rows = [typical if r is None else r for r in lagged]
         speed = functools.partial(sla_speed, sps=self.sps, tok_s_per_user=self.sla_tok_s_per_user,
                                   overhead_seconds=self.overhead_seconds, time_scale=self.time_scale)
+        if speed(torch.from_numpy(_host_survival(typical[None]))) < self.sla_tok_s_per_user:
+            return True  # out of reach even alone: the fallback does not limit admission
+        if measured_slowest is not None and measured_slowest < self.sla_tok_s_per_user:
+            return False
         grown = torch.from_numpy(_host_survival(torch.stack([*rows, typical])))
-        if speed(grown) >= self.sla_tok_s_per_user:
-            return True
-        return speed(torch.from_numpy(_host_survival(typical[None]))) < self.sla_tok_s_per_user
+        return speed(grown) >= self.sla_tok_s_per_user
 
     def allocate(self, conf: torch.Tensor, capacity: int) -> torch.Tensor:
         """Per-request verify lengths [R] for this step's conditional survivals conf [R, G]."""
@@ -266,6 +271,7 @@ class AsyncPlanner:
     def observe(self, request_ids: Sequence[Hashable], conf: torch.Tensor) -> None:
         """Record this step's confidences; they inform the capacity `lag` steps later."""
         conf = conf.detach().to("cpu", torch.float32)
+        self.rows_observed += conf.shape[0]
         if self.prior == "observed":
             self._prior_sum += conf.sum(dim=0, dtype=torch.float64)
             self._prior_count += conf.shape[0]

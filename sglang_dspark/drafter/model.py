@@ -162,6 +162,7 @@ class DSparkDrafter(nn.Module):
         for slot, p in zip(slots, anchor_pos.tolist()):
             if cache.length(slot) < p:
                 raise ValueError(f"slot {slot} holds {cache.length(slot)} context positions, anchor at {p}")
+        cache.flush(slots)
         c = max(int(anchor_pos.max()), 1)
         slot_index = torch.as_tensor(slots, device=device)
         dtype = self.fc.weight.dtype
@@ -195,7 +196,13 @@ class DSparkDrafter(nn.Module):
 
 
 class DraftKVCache:
-    """Preallocated context K/V of every draft layer, per slot (request)."""
+    """Preallocated context K/V of every draft layer, per slot (request).
+
+    `append` only stages target features; `flush` projects everything staged, over all slots, in
+    one batched `context_kv` call (the drafter flushes the slots it drafts for). The engine appends
+    every step but drafts only when the planner finds a draft worth verifying, so keeping the
+    context current costs one matmul per draft instead of R small calls per step.
+    """
 
     def __init__(self, drafter: DSparkDrafter, num_slots: int, max_len: int,
                  dtype=torch.float32, device="cpu"):
@@ -206,27 +213,48 @@ class DraftKVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.lengths = [0] * num_slots
         self.max_len = max_len
+        # Per slot: disjoint (start, features [n, m*H]) pieces in ascending order, not yet projected.
+        self._staged: list[list[tuple[int, torch.Tensor]]] = [[] for _ in range(num_slots)]
 
-    @torch.no_grad()
     def append(self, slot: int, positions: torch.Tensor, target_hidden: torch.Tensor) -> None:
-        """Write the context K/V at `positions` (contiguous, starting at or before the current
+        """Stage the context features at `positions` (contiguous, starting at or before the current
         length); the slot then holds positions < positions[-1] + 1."""
-        positions = positions.to(device=self.k.device, dtype=torch.long)
         if positions.numel() == 0:
             return
         start, end = int(positions[0]), int(positions[-1]) + 1
-        if end - start != positions.numel():
-            raise ValueError("positions must be contiguous")
+        if end - start != positions.numel() or target_hidden.shape[0] != end - start:
+            raise ValueError("positions must be contiguous, one per feature row")
         if start > self.lengths[slot] or end > self.max_len:
             raise ValueError(f"slot {slot}: cannot write [{start}, {end}) with length "
                              f"{self.lengths[slot]}, capacity {self.max_len}")
-        for i, (k, v) in enumerate(self.drafter.context_kv(target_hidden.to(self.k.device), positions)):
-            self.k[i, slot, start:end] = k.to(self.k.dtype)
-            self.v[i, slot, start:end] = v.to(self.v.dtype)
+        self._drop_staged_from(slot, start)
+        self._staged[slot].append((start, target_hidden))
         self.lengths[slot] = end
 
     def truncate(self, slot: int, length: int) -> None:
         self.lengths[slot] = min(self.lengths[slot], int(length))
+        self._drop_staged_from(slot, self.lengths[slot])
 
     def length(self, slot: int) -> int:
         return self.lengths[slot]
+
+    def _drop_staged_from(self, slot: int, start: int) -> None:
+        """Forget staged features at positions >= start (they are being rewritten or rolled back)."""
+        self._staged[slot] = [(s, h[: start - s]) for s, h in self._staged[slot] if s < start]
+
+    @torch.no_grad()
+    def flush(self, slots=None) -> None:
+        """Project the staged features of `slots` (default: all) into K/V, in one batched call."""
+        slots = range(len(self._staged)) if slots is None else sorted(set(int(s) for s in slots))
+        pieces = [(slot, s, h) for slot in slots for s, h in self._staged[slot]]
+        if not pieces:
+            return
+        device = self.k.device
+        hidden = torch.cat([h for _, _, h in pieces]).to(device)
+        positions = torch.cat([torch.arange(s, s + h.shape[0], device=device) for _, s, h in pieces])
+        slot_index = torch.cat([torch.full((h.shape[0],), slot, device=device) for slot, _, h in pieces])
+        for i, (k, v) in enumerate(self.drafter.context_kv(hidden, positions)):
+            self.k[i, slot_index, positions] = k.to(self.k.dtype)
+            self.v[i, slot_index, positions] = v.to(self.v.dtype)
+        for slot in slots:
+            self._staged[slot] = []

@@ -307,7 +307,17 @@ class Engine:
     def _sla_admits(self) -> bool:
         if self.planner is None or not self._running:
             return True
-        return self.planner.can_admit([r.id for r in self._running])
+        return self.planner.can_admit([r.id for r in self._running], self._slowest_measured_speed())
+
+    def _slowest_measured_speed(self, min_tokens: int = 8) -> float | None:
+        """The slowest running request's speed so far, (tokens - 1) / seconds since its first token,
+        the load tests' per-user speed; requests with fewer than `min_tokens` are too young to say."""
+        if not self._sla_mode:
+            return None
+        now = time.perf_counter()
+        speeds = [(len(r.output_ids) - 1) / (now - r.first_token_at) for r in self._running
+                  if r.first_token_at is not None and len(r.output_ids) >= min_tokens and now > r.first_token_at]
+        return min(speeds, default=None)
 
     def _track_overhead(self, t0: float) -> None:
         """SLA mode: EWMA of the wall time between consecutive decode steps (prefill chunks,
@@ -401,11 +411,14 @@ class Engine:
     def _should_draft(self, capacity: int) -> bool:
         """Skip the drafter when the planner decided that no draft is worth verifying: the
         capacity came from lagged confidences, so skipping cannot bias the output. Every
-        `probe_every`-th such step drafts anyway, to keep the confidences fresh. A forced budget
+        `probe_every`-th such step drafts anyway, to keep the confidences fresh; so does the first
+        step of a scheduled engine, which has none yet (`_measuring_first`). A forced budget
         of zero (the profiler's) skips it too, so a profile measures the step the engine runs.
         Probes that keep confirming a zero budget back off (16, 32, ... up to `probe_max` steps)."""
         if self.forced_budget_frac is not None:
             return capacity > 0
+        if self._measuring_first:
+            return True
         decision = self.planner.last_decision
         worthless = self.config.mode == "scheduled" and decision is not None and decision.budget == 0
         if worthless and self._undrafted_steps < self._probe_interval:
@@ -417,11 +430,22 @@ class Engine:
         self._undrafted_steps = 0
         return True
 
+    @property
+    def _measuring_first(self) -> bool:
+        """Scheduled mode before any confidence was seen: the first step drafts with capacity 0,
+        which costs one drafter call and verifies nothing, so that every later capacity (and the
+        planner's prior for new requests) rests on measured confidences rather than survival 1.
+        A flat table verifies everything whatever the confidences, so it skips this."""
+        return (self.config.mode == "scheduled" and self.forced_budget_frac is None
+                and not self.sps.is_flat and self.planner.rows_observed == 0)
+
     def _capacity(self, ids: list[str], num_requests: int) -> int:
         if self.config.mode == "full":
             return num_requests * self.gamma
         if self.forced_budget_frac is not None:
             return int(self.forced_budget_frac * num_requests * self.gamma)
+        if self._measuring_first:
+            return 0
         return self.planner.capacity(ids)
 
     @staticmethod

@@ -3,6 +3,7 @@
     python -m sglang_dspark.profile validate PROFILE.yaml [--model DIR --draft DIR]
     python -m sglang_dspark.profile export PROFILE.yaml --out DIR
     python -m sglang_dspark.profile refit PROFILE.yaml [--out NEW.yaml]
+    python -m sglang_dspark.profile set-sts PROFILE.yaml (--sts STS.json | --clear) [--out NEW.yaml]
     python -m sglang_dspark.profile capture-http --base-url http://127.0.0.1:30000 --out PROFILE.yaml
 
 Errors are one line on stderr, `error: <file>: <reason naming the field>`, exit status 2.
@@ -94,6 +95,33 @@ def _run_refit(args) -> int:
     return 0
 
 
+def _add_set_sts(subparsers) -> None:
+    p = subparsers.add_parser(
+        "set-sts", help="put STS temperatures into a profile (or take them out)",
+        description="Replaces the profile's sts section with an STS calibration JSON (SGLang's "
+                    "DSparkStsCalibration, as `evaluate --sts-out` and benchmarks/sts_calibration.py write it), "
+                    "fitted for the profile's drafter; one temperature per draft position (fingerprint.gamma).")
+    p.add_argument("file", type=Path, metavar="FILE", help="the SLA profile YAML")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--sts", type=Path, metavar="JSON", help="the STS calibration file to embed")
+    which.add_argument("--clear", action="store_true", help="remove the profile's STS (uncalibrated confidences)")
+    p.add_argument("--out", type=Path, metavar="FILE", help="where to write the profile (default: in place)")
+    p.set_defaults(func=_run_set_sts)
+
+
+def _run_set_sts(args) -> int:
+    from sglang_dspark.core.calibration import StsCalibration
+
+    profile = SlaProfile.load(args.file)
+    sts = None if args.clear else StsCalibration.load(args.sts)
+    # Re-read the result so the profile's own checks (one temperature per position) run before writing.
+    updated = SlaProfile.from_yaml(msgspec.structs.replace(profile, sts=sts).to_yaml(), str(args.file))
+    out = args.out or args.file
+    updated.save(out)
+    print(f"{out}: " + ("STS removed" if sts is None else f"STS temperatures {sts.temperatures}"))
+    return 0
+
+
 def _add_capture(subparsers) -> None:
     """The in-process capture (reference engine) registers itself here: a module
     `sglang_dspark.profile.capture_cli` with `add_parser(subparsers)` (or `sglang_dspark.profile.capture`
@@ -123,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_validate(subparsers)
     _add_export(subparsers)
     _add_refit(subparsers)
+    _add_set_sts(subparsers)
     from sglang_dspark.profile.http_capture import add_capture_http_parser
 
     add_capture_http_parser(subparsers)

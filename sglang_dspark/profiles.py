@@ -360,12 +360,13 @@ def hardware_id() -> str:
 def _weight_files(path: Path) -> list[Path]:
     names = sorted({p.name for p in path.glob("*.safetensors")})
     files = ([path / "config.json"] if (path / "config.json").is_file() else []) + [path / n for n in names]
-    return files
+    # a drafter's hot vocabulary changes both its cost and its acceptance, so it is part of its identity
+    return files + ([path / "draft_vocab.pt"] if (path / "draft_vocab.pt").is_file() else [])
 
 
 def dir_sha256(path: str | Path) -> str:
-    """sha256 over config.json and *.safetensors (sorted names; each file's name, size and bytes,
-    streamed). ProfileError when `path` is not a directory."""
+    """sha256 over config.json, *.safetensors and a drafter's draft_vocab.pt (sorted names; each
+    file's name, size and bytes, streamed). ProfileError when `path` is not a directory."""
     path = Path(path)
     if not path.is_dir():
         raise ProfileError(f"{path}: not a local directory, cannot hash its contents")

@@ -101,3 +101,14 @@ def test_shipped_smollm2_drafter_loads_in_sglang():
     assert set(saved) == _checkpoint_names(model)
     model.load_weights(saved.items())
     assert model.gamma == 7 and model.markov_head.markov_rank == 64
+
+
+def test_draft_vocab_file_is_what_sglang_reads_as_a_token_map(tmp_path):
+    """draft_vocab.pt uses the format of SGLang's --speculative-token-map (hot token ids)."""
+    from sglang.srt.speculative.spec_utils import load_token_map
+
+    from sglang_dspark.drafter.checkpoint import load_draft_vocab, save_draft_vocab
+
+    ids = [17, 3, 4096, 9]
+    path = save_draft_vocab(ids, tmp_path)
+    assert load_token_map(str(path)).tolist() == ids == load_draft_vocab(path).tolist()

@@ -179,6 +179,9 @@ def test_hardware_id_and_dir_hash(tmp_path):
     assert dir_sha256(target) == first
     (target / "model.safetensors").write_bytes(b"other-weights")
     assert dir_sha256(target) != first
+    second = dir_sha256(target)
+    (target / "draft_vocab.pt").write_bytes(b"hot-ids")  # a drafter's hot vocabulary is hashed too
+    assert dir_sha256(target) != second
     with pytest.raises(ProfileError, match="not a local directory"):
         dir_sha256(tmp_path / "missing")
 

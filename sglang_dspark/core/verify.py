@@ -69,7 +69,14 @@ def verify_chain_greedy(
     target_logits [R, G+1, V]. Returns (num_accepted [R], next_tokens [R]) where next_tokens is the
     target's argmax after the accepted prefix, so the output is the target's own greedy decoding.
     """
-    target_argmax = target_logits.argmax(dim=-1)
+    return verify_chain_greedy_argmax(draft_tokens, target_logits.argmax(dim=-1), verify_lens)
+
+
+def verify_chain_greedy_argmax(
+    draft_tokens: torch.Tensor, target_argmax: torch.Tensor, verify_lens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """verify_chain_greedy given the target's argmax ids [R, G+1] instead of its logits (a caller
+    holding ragged logits takes the argmax before padding, which is V times less to move)."""
     gamma = draft_tokens.shape[1]
     num_accepted = _accepted_prefix_len(target_argmax[:, :gamma] == draft_tokens, verify_lens)
     return num_accepted, _gather_rows(target_argmax, num_accepted)

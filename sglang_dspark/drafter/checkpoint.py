@@ -17,9 +17,13 @@ from safetensors.torch import load_file, save_file
 
 from sglang_dspark.drafter.config import DSparkDraftConfig
 from sglang_dspark.drafter.model import DSparkDrafter
+from sglang_dspark.engine.weight_layout import input_major, pack_linears_for_cpu
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
+# Optional hot draft vocabulary: torch.save of a 1-D int64 tensor of token ids, the format of
+# SGLang's --speculative-token-map (spec_utils.load_token_map reads it).
+DRAFT_VOCAB_NAME = "draft_vocab.pt"
 
 
 def save_drafter(drafter: DSparkDrafter, config: DSparkDraftConfig, out_dir, dtype=None) -> Path:
@@ -43,10 +47,36 @@ def load_config(ckpt_dir) -> DSparkDraftConfig:
         return DSparkDraftConfig.from_dict(json.load(f))
 
 
-def load_drafter(ckpt_dir, target_embed, target_lm_head, dtype=torch.float32) -> DSparkDrafter:
-    """Rebuild the drafter around the target's (shared, frozen) embedding and lm_head."""
+def load_drafter(ckpt_dir, target_embed, target_lm_head, dtype=torch.float32, *,
+                 draft_vocab: bool = True) -> DSparkDrafter:
+    """Rebuild the drafter around the target's (shared, frozen) embedding and lm_head; with
+    `draft_vocab`, drafting uses the directory's draft_vocab.pt when it has one."""
     config = load_config(ckpt_dir)
     drafter = DSparkDrafter(config, target_embed, target_lm_head)
     state = load_file(str(Path(ckpt_dir) / WEIGHTS_NAME))
     drafter.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True)
-    return drafter.to(dtype).eval()
+    drafter = drafter.to(dtype).eval()
+    pack_drafter_for_cpu(drafter)
+    vocab_file = Path(ckpt_dir) / DRAFT_VOCAB_NAME
+    if draft_vocab and vocab_file.exists():
+        drafter.set_draft_vocab(load_draft_vocab(vocab_file))
+    return drafter
+
+
+def save_draft_vocab(token_ids, out_dir) -> Path:
+    path = Path(out_dir) / DRAFT_VOCAB_NAME
+    torch.save(torch.as_tensor(token_ids, dtype=torch.int64), path)
+    return path
+
+
+def load_draft_vocab(path) -> torch.Tensor:
+    ids = torch.load(path, weights_only=True)
+    return torch.as_tensor(ids, dtype=torch.int64)
+
+
+def pack_drafter_for_cpu(drafter: DSparkDrafter) -> None:
+    """Input-major CPU weights for inference (engine/weight_layout.py), including the shared
+    lm_head buffer, whose [R * gamma, V] logits GEMM is the drafter's largest."""
+    pack_linears_for_cpu(drafter)
+    if drafter.lm_head_weight.device.type == "cpu":
+        drafter.lm_head_weight = input_major(drafter.lm_head_weight)

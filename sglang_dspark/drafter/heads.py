@@ -30,7 +30,13 @@ class VanillaMarkov(nn.Module):
 
     def step_bias(self, prev_tokens, hidden, state):
         """prev_tokens [...]; hidden [..., H] (this position's draft hidden). -> (bias [..., V], state)"""
-        return self.markov_w2(self.prev_embeddings(prev_tokens)), state
+        features, state = self.step_features(prev_tokens, hidden, state)
+        return self.markov_w2(features), state
+
+    def step_features(self, prev_tokens, hidden, state):
+        """The rank-sized vector that markov_w2 maps to the bias, and the next state. Split out so a
+        drafter with a reduced draft vocabulary multiplies by only its rows of markov_w2."""
+        return self.prev_embeddings(prev_tokens), state
 
 
 class GatedMarkovHead(VanillaMarkov):
@@ -40,10 +46,10 @@ class GatedMarkovHead(VanillaMarkov):
         super().__init__(vocab_size, rank, hidden_size)
         self.gate_proj = nn.Linear(hidden_size + rank, rank)
 
-    def step_bias(self, prev_tokens, hidden, state):
+    def step_features(self, prev_tokens, hidden, state):
         emb = self.prev_embeddings(prev_tokens)
         gate = torch.sigmoid(self.gate_proj(torch.cat([hidden, emb], dim=-1)))
-        return self.markov_w2(gate * emb), state
+        return gate * emb, state
 
 
 class RNNHead(VanillaMarkov):
@@ -57,12 +63,12 @@ class RNNHead(VanillaMarkov):
     def init_state(self, hidden: torch.Tensor):
         return hidden.new_zeros(hidden.shape[:-1] + (self.rank,))
 
-    def step_bias(self, prev_tokens, hidden, state):
+    def step_features(self, prev_tokens, hidden, state):
         z = torch.cat([state, self.prev_embeddings(prev_tokens), hidden], dim=-1)
         gate_raw, candidate_raw, output_raw = self.joint_proj(z).chunk(3, dim=-1)
         gate = torch.sigmoid(gate_raw)
         new_state = gate * state + (1.0 - gate) * torch.tanh(candidate_raw)
-        return self.markov_w2(torch.tanh(output_raw)), new_state
+        return torch.tanh(output_raw), new_state
 
 
 MARKOV_HEADS = {"vanilla": VanillaMarkov, "gated": GatedMarkovHead, "rnn": RNNHead}

@@ -63,6 +63,9 @@ class DSparkDrafter(nn.Module):
         # Shared with the frozen target: never trained, never saved.
         self.register_buffer("embed_weight", _weight(target_embed), persistent=False)
         self.register_buffer("lm_head_weight", _weight(target_lm_head), persistent=False)
+        # Optional hot draft vocabulary and its rows of the vocabulary-sized weights (set_draft_vocab).
+        for name in ("draft_vocab", "_vocab_lm_head", "_vocab_markov_w2"):
+            self.register_buffer(name, None, persistent=False)
 
     @property
     def gamma(self) -> int:
@@ -100,6 +103,41 @@ class DSparkDrafter(nn.Module):
         if self.confidence_head is None:
             return hidden.new_zeros(hidden.shape[:-1], dtype=torch.float32)
         return self.confidence_head(hidden, self._prev_embeddings(prev_tokens)).float()
+
+    def set_draft_vocab(self, token_ids: torch.Tensor | None) -> None:
+        """Draft only from `token_ids` (a hot vocabulary, as FR-Spec and SGLang's
+        `--speculative-token-map` do for EAGLE), or from the whole vocabulary (None).
+
+        The drafter's vocabulary-sized GEMMs (lm_head over gamma positions, Markov bias at each
+        step) shrink from V to len(token_ids) rows; on a CPU they are most of a draft's cost.
+        Verification is unchanged: the draft distribution is reported over the full vocabulary
+        with q = 0 outside the hot set, so rejection sampling stays exact. Inference only:
+        training always uses the full vocabulary.
+        """
+        if token_ids is None:
+            self.draft_vocab = self._vocab_lm_head = self._vocab_markov_w2 = None
+            return
+        ids = torch.as_tensor(token_ids, dtype=torch.long, device=self.lm_head_weight.device)
+        vocab = self.lm_head_weight.shape[0]
+        if ids.dim() != 1 or ids.numel() == 0:
+            raise ValueError(f"draft vocabulary: expected a non-empty 1-D list of token ids, got shape {tuple(ids.shape)}")
+        if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+            raise ValueError(f"draft vocabulary: token ids must lie in [0, {vocab})")
+        if ids.unique().numel() != ids.numel():
+            raise ValueError("draft vocabulary: token ids must be unique")
+        from sglang_dspark.engine.weight_layout import input_major
+
+        self.draft_vocab = ids
+        self._vocab_lm_head = input_major(self.lm_head_weight[ids])  # [S, H], stored so .T is contiguous
+        if self.markov_head is not None:
+            self._vocab_markov_w2 = input_major(self.markov_head.markov_w2.weight.detach()[ids])  # [S, rank]
+
+    def _expand_to_vocab(self, probs: torch.Tensor) -> torch.Tensor:
+        """[R, S] probabilities over the draft vocabulary -> [R, V] (zero outside it)."""
+        if self.draft_vocab is None:
+            return probs
+        full = probs.new_zeros(probs.shape[0], self.lm_head_weight.shape[0])
+        return full.index_copy_(1, self.draft_vocab, probs)
 
     # ---- training ---------------------------------------------------------------------------
 
@@ -176,7 +214,11 @@ class DSparkDrafter(nn.Module):
         block_ids[:, 0] = anchors
         pos = anchor_pos[:, None] + torch.arange(g, device=device)
         hidden = self.backbone(block_ids, pos, ctx_kv, mask)
-        base = self.base_logits(hidden)  # [R, G, V]
+        vocab = self.draft_vocab
+        if vocab is None:
+            base = self.base_logits(hidden)  # [R, G, V]
+        else:
+            base = (hidden @ self._vocab_lm_head.T.to(hidden.dtype)).float()  # [R, G, S]
 
         tokens, probs = [], []
         prev = anchors
@@ -184,11 +226,16 @@ class DSparkDrafter(nn.Module):
         for k in range(g):
             step_logits = base[:, k]
             if self.markov_head is not None:
-                bias, state = self.markov_head.step_bias(prev, hidden[:, k], state)
+                if vocab is None:
+                    bias, state = self.markov_head.step_bias(prev, hidden[:, k], state)
+                else:
+                    features, state = self.markov_head.step_features(prev, hidden[:, k], state)
+                    bias = features @ self._vocab_markov_w2.T.to(features.dtype)
                 step_logits = step_logits + bias.float()
-            prev, p = sampler(step_logits, k)
+            choice, p = sampler(step_logits, k)
+            prev = choice if vocab is None else vocab[choice]  # the Markov head reads real token ids
             tokens.append(prev)
-            probs.append(p)
+            probs.append(self._expand_to_vocab(p))
         tokens = torch.stack(tokens, dim=1)
         prev_tokens = torch.cat([anchors[:, None], tokens[:, :-1]], dim=1)
         return DraftOutput(tokens=tokens, probs=torch.stack(probs, dim=1),

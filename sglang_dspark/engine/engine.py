@@ -29,7 +29,7 @@ from tqdm import tqdm
 from sglang_dspark.core.calibration import apply_sts
 from sglang_dspark.core.schedule import AsyncPlanner
 from sglang_dspark.core.sps import SpsTable
-from sglang_dspark.core.verify import verify_chain, verify_chain_greedy
+from sglang_dspark.core.verify import verify_chain, verify_chain_greedy, verify_chain_greedy_argmax
 from sglang_dspark.engine.detokenize import Detokenizer
 from sglang_dspark.engine.request import Request, RequestOutput
 from sglang_dspark.engine.sampling import SamplingBatch, SamplingParams
@@ -363,8 +363,7 @@ class Engine:
             for i, r in enumerate(reqs)
         ]
         out = self.target.forward_segments(segments, self.cache, capture_layers=self.capture)
-        logits = self._pad_rows(out.logits, lens, width)  # [R, width + 1, V]
-        num_acc, nxt = self._verify(batch, drafts, draft_probs, logits, lens, width)
+        num_acc, nxt = self._verify(batch, drafts, draft_probs, out.logits, lens, width)
         t_verify = time.perf_counter()
 
         row = 0
@@ -449,29 +448,30 @@ class Engine:
         return self.planner.capacity(ids)
 
     @staticmethod
-    def _pad_rows(logits: torch.Tensor, lens: torch.Tensor, width: int) -> torch.Tensor:
-        """Ragged rows [sum(1 + l_r), V] -> [R, width + 1, V]; padding rows are never read."""
-        if width == 0:
-            return logits.unsqueeze(1)
+    def _pad_rows(rows: torch.Tensor, lens: torch.Tensor, width: int) -> torch.Tensor:
+        """Ragged rows [sum(1 + l_r), D] -> [R, width + 1, D]; padding rows are never read."""
         R = lens.numel()
-        padded = logits.new_zeros(R, width + 1, logits.shape[-1])
+        padded = rows.new_zeros(R, width + 1, rows.shape[-1])
         mask = torch.arange(width + 1).unsqueeze(0) <= lens.unsqueeze(1)
-        padded[mask] = logits
+        padded[mask] = rows
         return padded
 
-    def _verify(self, batch, drafts, draft_probs, logits, lens, width):
+    def _verify(self, batch, drafts, draft_probs, ragged_logits, lens, width):
+        """Verify each request's drafts against the target logits [sum(1 + l_r), V] of the step."""
         R = lens.numel()
         num_acc = torch.zeros(R, dtype=torch.int64)
         nxt = torch.zeros(R, dtype=torch.int64)
-        if width == 0:  # nothing to verify: sample the next token from the target row
-            return num_acc, batch.sample(batch.probs(logits[:, 0]))
+        if width == 0:  # nothing to verify (one row per request): sample the next token from it
+            return num_acc, batch.sample(batch.probs(ragged_logits))
         drafts, draft_probs = drafts[:, :width], draft_probs[:, :width]
         greedy = batch.greedy
+        if bool(greedy.all()):  # argmax before padding: pad [T] ids, not [T, V] logits
+            argmax = self._pad_rows(ragged_logits.argmax(-1, keepdim=True), lens, width).squeeze(-1)
+            return verify_chain_greedy_argmax(drafts, argmax, lens)
+        logits = self._pad_rows(ragged_logits, lens, width)  # [R, width + 1, V]
         if greedy.any():
             g = greedy.nonzero().squeeze(-1)
             num_acc[g], nxt[g] = verify_chain_greedy(drafts[g], logits[g], lens[g])
-        if bool(greedy.all()):
-            return num_acc, nxt  # no sampled row: skip the softmax over [R, width + 1, V]
         target_probs = batch.probs(logits)
         # Unseeded sampled rows share one vectorised call; a seeded row uses its own generator.
         shared = [i for i in range(R) if not greedy[i] and batch.generators[i] is None]

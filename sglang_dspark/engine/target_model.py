@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from sglang_dspark.engine.kv_cache import KVCache
+from sglang_dspark.engine.weight_layout import pack_linears_for_cpu
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 # rope types whose frequencies do not depend on the sequence length, so one table serves every call
@@ -202,7 +203,9 @@ class TargetModel(nn.Module):
         model.load_state_dict(ours, strict=True, assign=True)
         if config.tie_word_embeddings:  # assign=True made two Parameters; share one again
             model.lm_head.weight = model.embed_tokens.weight
-        return model.to(device=device, dtype=dtype).eval()
+        model = model.to(device=device, dtype=dtype).eval()
+        pack_linears_for_cpu(model)  # decode/verify GEMMs run 1.5-4x faster on CPU (weight_layout.py)
+        return model
 
     def new_kv_cache(self, num_slots: int, max_len: int) -> KVCache:
         c = self.config

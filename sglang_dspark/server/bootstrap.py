@@ -46,7 +46,9 @@ def build_reference_engine(model_dir: str, draft_dir: str | None, profile, mode:
         profile = SlaProfile.load(profile)
     sps = profile.sps_table() if profile is not None else None
     sts = profile.sts_temperatures() if profile is not None else None
-    logger.info("reference engine: target=%s draft=%s mode=%s profile=%s sts=%s", model_dir, draft_dir, mode,
+    vocab = getattr(drafter, "draft_vocab", None)
+    logger.info("reference engine: target=%s draft=%s (draft vocabulary: %s) mode=%s profile=%s sts=%s",
+                model_dir, draft_dir, "full" if vocab is None else f"{vocab.numel()} hot tokens", mode,
                 profile.name if profile is not None else "none (flat SPS)", "yes" if sts is not None else "none")
     return Engine(target, tokenizer, drafter, config=config, sps=sps, sts_temperatures=sts,
                   model_name=model_name or os.path.basename(os.path.normpath(model_dir)))

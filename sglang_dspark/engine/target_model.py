@@ -204,7 +204,7 @@ class TargetModel(nn.Module):
         if config.tie_word_embeddings:  # assign=True made two Parameters; share one again
             model.lm_head.weight = model.embed_tokens.weight
         model = model.to(device=device, dtype=dtype).eval()
-        pack_linears_for_cpu(model)  # decode/verify GEMMs run 1.5-4x faster on CPU (weight_layout.py)
+        pack_linears_for_cpu(model)  # the fast CPU GEMM layout per row count (weight_layout.py)
         return model
 
     def new_kv_cache(self, num_slots: int, max_len: int) -> KVCache:

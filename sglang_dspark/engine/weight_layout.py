@@ -1,13 +1,14 @@
 """Weight layouts for the CPU GEMMs of decode and verify.
 
 `F.linear(x, W)` computes `x @ W.T`. With PyTorch's default [out, in] row-major weight, the CPU
-BLAS switches at 4 rows to a path that is 1.4-7x slower than a plain GEMM on the same numbers
+BLAS switches at 4 rows to a path that is 1.4-6x slower than a plain GEMM on the same numbers
 (M = 4..32 tokens: exactly the rows of batched decode and speculative verify). Stored input-major
 (W.T contiguous), the weight gets the plain path from 4 rows up, but 1-3 rows (single-request
 decode, short verifies) run up to 20 % slower than row-major does. So a packed Linear keeps both:
 row-major for 1-3 rows, input-major from 4 (benchmarks/target_forward.py measures both). Values,
-shapes and state-dict names are unchanged. GPU weights are left alone: there SGLang (or cuBLAS)
-chooses its own layout.
+shapes and state-dict names are unchanged. The cost is a second copy of every Linear weight (538 MB
+for SmolLM2-135M in float32). GPU weights are left alone: there SGLang (or cuBLAS) chooses its
+own layout.
 """
 
 from __future__ import annotations

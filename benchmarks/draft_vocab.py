@@ -25,27 +25,21 @@ from model_pair import add_common_args, heldout_prompts, load_pair
 from sglang_dspark.drafter import greedy_sampler
 from sglang_dspark.engine.engine import Engine, EngineConfig
 from sglang_dspark.engine.sampling import SamplingParams
+from sglang_dspark.evaluate import summarize
 from sglang_dspark.train.draft_vocab import hot_vocab, training_counts
 
 
 def acceptance(target, tokenizer, drafter, prompts, max_tokens: int, temperature: float, seed: int) -> dict:
+    """Full-verify tau and per-position acceptance (evaluate.summarize), plus the outputs."""
     engine = Engine(target, tokenizer, drafter, config=EngineConfig(mode="full", max_running=16, seed=seed))
-    gamma = drafter.gamma
-    verified, accepted, rounds = [0] * gamma, [0] * gamma, [0]
-
-    def on_round(request_id, n, l, conf):
-        rounds[0] += 1
-        for k in range(l):
-            verified[k] += 1
-            accepted[k] += int(k < n)
-
-    engine.on_round = on_round
+    accept_lens = []
+    engine.on_round = lambda request_id, accepted, verified, conf: accept_lens.append(accepted)
     params = [SamplingParams(max_tokens=max_tokens, temperature=temperature, ignore_eos=True, seed=seed + i)
               for i in range(len(prompts))]
     outputs = engine.generate(prompts, params)
-    return {"tau": round(1 + sum(accepted) / max(rounds[0], 1), 4),
-            "accept_rate_per_position": [round(a / max(v, 1), 4) for a, v in zip(accepted, verified)],
-            "rounds": rounds[0], "outputs": outputs}
+    stats = summarize([{"domain": "all", "accept_lens": accept_lens}], drafter.gamma)["all"]
+    return {"tau": round(stats["tau"], 4), "accept_rate_per_position": [round(a, 4) for a in stats["accept_rate_per_position"]],
+            "rounds": stats["rounds"], "outputs": outputs}
 
 
 def main() -> None:

@@ -39,6 +39,7 @@ import yaml
 
 from sglang_dspark.core.calibration import StsCalibration
 from sglang_dspark.core.sps import SpsAdditiveCostTable, SpsCostTable, SpsTable
+from sglang_dspark.drafter.checkpoint import DRAFT_VOCAB_NAME
 
 SCHEMA_VERSION = 1
 ENGINES = ("reference", "sglang")
@@ -361,7 +362,8 @@ def _weight_files(path: Path) -> list[Path]:
     names = sorted({p.name for p in path.glob("*.safetensors")})
     files = ([path / "config.json"] if (path / "config.json").is_file() else []) + [path / n for n in names]
     # a drafter's hot vocabulary changes both its cost and its acceptance, so it is part of its identity
-    return files + ([path / "draft_vocab.pt"] if (path / "draft_vocab.pt").is_file() else [])
+    vocab = path / DRAFT_VOCAB_NAME
+    return files + ([vocab] if vocab.is_file() else [])
 
 
 def dir_sha256(path: str | Path) -> str:

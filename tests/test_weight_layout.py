@@ -8,7 +8,7 @@ from torch import nn
 from sglang_dspark.drafter import greedy_sampler, load_drafter, save_drafter
 from sglang_dspark.drafter.model import DraftKVCache
 from sglang_dspark.engine.target_model import TargetModel
-from sglang_dspark.engine.weight_layout import DualLayoutLinear, input_major, is_input_major, pack_linears_for_cpu
+from sglang_dspark.core.weight_layout import DualLayoutLinear, input_major, is_input_major, pack_linears_for_cpu
 from tests.engine_fixtures import tiny_drafter_for, tiny_hf_target
 
 

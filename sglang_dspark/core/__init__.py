@@ -1,2 +1,3 @@
 """Pure DSpark algorithms: lossless verification, verify-length scheduling, SPS tables and
-confidence calibration. Torch only, any device, no imports from the rest of the package."""
+confidence calibration; plus the CPU weight layout that both model runners (drafter, target)
+share. Torch only, any device, no imports from the rest of the package."""

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from sglang_dspark.drafter.config import DSparkDraftConfig
 from sglang_dspark.drafter.model import DSparkDrafter
-from sglang_dspark.engine.weight_layout import input_major, pack_linears_for_cpu
+from sglang_dspark.core.weight_layout import input_major, pack_linears_for_cpu
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -75,7 +75,7 @@ def load_draft_vocab(path) -> torch.Tensor:
 
 
 def pack_drafter_for_cpu(drafter: DSparkDrafter) -> None:
-    """Input-major CPU weights for inference (engine/weight_layout.py), including the shared
+    """Input-major CPU weights for inference (core/weight_layout.py), including the shared
     lm_head buffer, whose [R * gamma, V] logits GEMM is the drafter's largest."""
     pack_linears_for_cpu(drafter)
     if drafter.lm_head_weight.device.type == "cpu":

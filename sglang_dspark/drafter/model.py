@@ -15,12 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from sglang_dspark.drafter.config import DSparkDraftConfig
 from sglang_dspark.drafter.heads import MARKOV_HEADS, ConfidenceHead
 from sglang_dspark.drafter.layers import DraftDecoderLayer, rope_cos_sin
 from sglang_dspark.drafter.sampling import Sampler, temperature_sampler
+from sglang_dspark.core.weight_layout import input_major
 
 
 @dataclass
@@ -91,8 +93,10 @@ class DSparkDrafter(nn.Module):
             x = layer(x, cos, sin, ck, cv, mask)
         return self.norm(x)
 
-    def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return (hidden @ self.lm_head_weight.T.to(hidden.dtype)).float()
+    def base_logits(self, hidden: torch.Tensor, lm_head: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits over the rows of `lm_head` (default: the target's, the whole vocabulary)."""
+        lm_head = self.lm_head_weight if lm_head is None else lm_head
+        return (hidden @ lm_head.T.to(hidden.dtype)).float()
 
     def _prev_embeddings(self, prev_tokens: torch.Tensor):
         if self.confidence_head is None or not self.confidence_head.with_markov:
@@ -125,8 +129,6 @@ class DSparkDrafter(nn.Module):
             raise ValueError(f"draft vocabulary: token ids must lie in [0, {vocab})")
         if ids.unique().numel() != ids.numel():
             raise ValueError("draft vocabulary: token ids must be unique")
-        from sglang_dspark.engine.weight_layout import input_major
-
         self.draft_vocab = ids
         self._vocab_lm_head = input_major(self.lm_head_weight[ids])  # [S, H], stored so .T is contiguous
         if self.markov_head is not None:
@@ -215,10 +217,7 @@ class DSparkDrafter(nn.Module):
         pos = anchor_pos[:, None] + torch.arange(g, device=device)
         hidden = self.backbone(block_ids, pos, ctx_kv, mask)
         vocab = self.draft_vocab
-        if vocab is None:
-            base = self.base_logits(hidden)  # [R, G, V]
-        else:
-            base = (hidden @ self._vocab_lm_head.T.to(hidden.dtype)).float()  # [R, G, S]
+        base = self.base_logits(hidden, self._vocab_lm_head)  # [R, G, V], or [R, G, S] over a draft vocabulary
 
         tokens, probs = [], []
         prev = anchors
@@ -226,11 +225,9 @@ class DSparkDrafter(nn.Module):
         for k in range(g):
             step_logits = base[:, k]
             if self.markov_head is not None:
-                if vocab is None:
-                    bias, state = self.markov_head.step_bias(prev, hidden[:, k], state)
-                else:
-                    features, state = self.markov_head.step_features(prev, hidden[:, k], state)
-                    bias = features @ self._vocab_markov_w2.T.to(features.dtype)
+                features, state = self.markov_head.step_features(prev, hidden[:, k], state)
+                bias = (self.markov_head.markov_w2(features) if vocab is None
+                        else F.linear(features, self._vocab_markov_w2.to(features.dtype)))
                 step_logits = step_logits + bias.float()
             choice, p = sampler(step_logits, k)
             prev = choice if vocab is None else vocab[choice]  # the Markov head reads real token ids

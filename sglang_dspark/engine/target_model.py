@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from sglang_dspark.engine.kv_cache import KVCache
-from sglang_dspark.engine.weight_layout import pack_linears_for_cpu
+from sglang_dspark.core.weight_layout import pack_linears_for_cpu
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 # rope types whose frequencies do not depend on the sequence length, so one table serves every call

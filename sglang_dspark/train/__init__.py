@@ -1,1 +1,3 @@
 """Distillation trainer for the DSpark drafter and its data pipeline."""
+
+SUMMARY_NAME = "train_summary.json"  # what a training run records next to the drafter it wrote

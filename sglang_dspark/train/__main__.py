@@ -17,10 +17,10 @@ from pathlib import Path
 import torch
 
 from sglang_dspark.drafter import DSparkDraftConfig, DSparkDrafter, load_config, save_drafter
+from sglang_dspark.train import SUMMARY_NAME
 from sglang_dspark.train.data import load_target, prepare_dataset
 from sglang_dspark.train.trainer import LoopConfig, Trainer
 
-SUMMARY_NAME = "train_summary.json"
 
 
 def spread_layer_ids(num_layers: int, count: int) -> list[int]:

@@ -20,8 +20,7 @@ import torch
 
 from sglang_dspark.drafter import load_config
 from sglang_dspark.drafter.checkpoint import save_draft_vocab
-
-SUMMARY_NAME = "train_summary.json"
+from sglang_dspark.train import SUMMARY_NAME
 COVERAGE_SIZES = (1024, 2048, 4096, 8192, 16384, 32768)
 
 

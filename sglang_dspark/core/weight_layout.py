@@ -38,7 +38,7 @@ class DualLayoutLinear(nn.Linear):
     row_major_weight: torch.Tensor
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // max(x.shape[-1], 1)
+        rows = x.numel() // self.in_features
         weight = self.row_major_weight if rows < INPUT_MAJOR_MIN_ROWS else self.weight
         return F.linear(x, weight, self.bias)
 

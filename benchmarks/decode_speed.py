@@ -49,15 +49,15 @@ def run_mode(engine, prompts: list[list[int]], params, concurrency: int) -> dict
     wall = time.perf_counter() - start
     engine.shutdown()
     records = list(engine.records)
-    emitted = sum(r["bs"] + r["accepted_drafts"] for r in records)
-    errors = [abs(r["predicted_step_ms"] - r["step_ms"]) / r["step_ms"] for r in records if r["predicted_step_ms"]]
+    emitted = sum(r.bs + r.accepted_drafts for r in records)
+    errors = [abs(r.predicted_step_ms - r.step_ms) / r.step_ms for r in records if r.predicted_step_ms]
     return {
         "predicted_step_time_median_abs_rel_error": round(statistics.median(errors), 4) if errors else None,
         "output_tok_s": round(state["tokens"] / wall, 2),
-        "tau": round(emitted / max(1, sum(r["bs"] for r in records)), 3),
+        "tau": round(emitted / max(1, sum(r.bs for r in records)), 3),
         "wall_s": round(wall, 2),
         "completion_tokens": state["tokens"],
-        "mean_verify_tokens_per_step": round(sum(r["num_verify_tokens"] for r in records) / max(1, len(records)), 2),
+        "mean_verify_tokens_per_step": round(sum(r.num_verify_tokens for r in records) / max(1, len(records)), 2),
         "steps": len(records),
     }
 

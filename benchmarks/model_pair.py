@@ -20,23 +20,18 @@ def add_common_args(parser, result_name: str) -> None:
 
 def heldout_prompts(tokenizer, count: int) -> list[list[int]]:
     """`count` chat-templated prompt ids, cycling through the built-in held-out split."""
-    from sglang_dspark.train.data import chat_prompt_ids
-    from sglang_dspark.train.prompts import split_prompts
+    from sglang_dspark.prompts import load_prompts
+    from sglang_dspark.prompts import chat_ids
 
-    records = split_prompts("heldout")
-    return [chat_prompt_ids(tokenizer, records[i % len(records)]["prompt"]) for i in range(count)]
+    records = load_prompts("builtin:heldout")
+    return [chat_ids(tokenizer, records[i % len(records)].prompt) for i in range(count)]
 
 
 def load_pair(model: str, draft: str):
-    """(TargetModel, tokenizer, drafter) for a target directory or zoo name and a drafter directory."""
+    """(TargetModel, tokenizer, drafter) for a target directory or zoo name and a drafter directory:
+    the engine factory's loader, so benchmarks run exactly what the server runs."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoTokenizer
+    from sglang_dspark import zoo
+    from sglang_dspark.engine.factory import load_models
 
-    from sglang_dspark.drafter.checkpoint import load_drafter
-    from sglang_dspark.engine.target_model import TargetModel
-    from sglang_dspark.launch import DEFAULT_CACHE, resolve_model
-
-    model_dir, _ = resolve_model(model, "reference", DEFAULT_CACHE, fetch=True)
-    target = TargetModel.from_pretrained(model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    return target, tokenizer, load_drafter(draft, target.embed_tokens, target.lm_head)
+    return load_models(zoo.resolve_model(model), draft)

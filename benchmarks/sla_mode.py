@@ -114,8 +114,8 @@ def main() -> None:
             "median_speed": round(statistics.median(speeds), 2), "p5_speed": round(sorted(speeds)[len(speeds) // 20], 2),
             "fraction_at_or_above": round(meets, 3),
             "median_ttft_s": round(statistics.median(ttfts), 2), "output_tok_s": round(len(speeds) * args.max_tokens / wall, 2),
-            "mean_verify_tokens": round(statistics.mean(r["num_verify_tokens"] for r in engine.records), 2),
-            "mean_bs": round(statistics.mean(r["bs"] for r in engine.records), 2),
+            "mean_verify_tokens": round(statistics.mean(r.num_verify_tokens for r in engine.records), 2),
+            "mean_bs": round(statistics.mean(r.bs for r in engine.records), 2),
         })
     print(f"{'run':<11} {'rep':>3} {'tier':>6} {'median':>7} {'p5':>7} {'>= tier':>8} {'>= meetable':>12} {'TTFT':>6} {'tok/s':>7} "
           f"{'mean R':>7} {'verify tok/step':>16}")

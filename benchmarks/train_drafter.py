@@ -31,7 +31,6 @@ SHIPPED_FILES = ("config.json", "model.safetensors", "train_summary.json")  # no
 COMMON_TRAIN = ["--seed", "0", "--num-layers", "1", "--block-size", "7", "--threads", "1",
                 "--seqs-per-step", "1", "--anchors-per-seq", "32", "--lr", "2e-3",
                 "--gen-samples-per-prompt", "4"]
-PROMPTS = ROOT / "benchmarks" / "prompts"  # hand-written held-out prompts, disjoint from training
 PAPER_GAIN = "+16.3 / +18.4 / +18.3 % (Qwen3 4B / 8B / 14B, gamma 7, T=1)"
 
 
@@ -44,7 +43,7 @@ def train_command(name: str, minutes: float) -> list[str]:
 def eval_command(name: str, max_new_tokens: int, limit: int) -> list[str]:
     return [sys.executable, "-m", "sglang_dspark.evaluate", "--target", str(TARGET),
             "--draft", str(RUNS[name]["out"]), "--threads", "1", "--max-new-tokens", str(max_new_tokens),
-            "--prompts-file", str(PROMPTS / "eval.jsonl"), "--calibration-file", str(PROMPTS / "calibration.jsonl"),
+            "--prompts-file", "builtin:eval", "--calibration-file", "builtin:calibration",
             "--limit", str(limit), "--out", str(RESULTS / f"drafter_eval_{name}.json"),
             "--sts-out", str(RESULTS / f"drafter_sts_{name}.json")]
 

@@ -17,7 +17,8 @@ VERIFY_MODE = {"full": "static", "scheduled": "compact"}
 def build_command(model: str, draft: str | None, mode: str, host: str, port: int, *,
                   max_running: int | None = None, max_len: int | None = None, seed: int | None = None,
                   sps_path: str | None = None, sts_path: str | None = None,
-                  served_model_name: str | None = None) -> tuple[list[str], dict[str, str]]:
+                  served_model_name: str | None = None, api_key: str | None = None,
+                  admin_api_key: str | None = None) -> tuple[list[str], dict[str, str]]:
     """(argv, extra environment) for `python -m sglang.launch_server`."""
     argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", model,
             "--host", host, "--port", str(port), "--enable-metrics"]
@@ -39,6 +40,9 @@ def build_command(model: str, draft: str | None, mode: str, host: str, port: int
         argv += ["--random-seed", str(seed)]
     if served_model_name:
         argv += ["--served-model-name", served_model_name]
+    for flag, key in (("--api-key", api_key), ("--admin-api-key", admin_api_key)):
+        if key:
+            argv += [flag, key]
     return argv, env
 
 

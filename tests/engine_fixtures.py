@@ -55,12 +55,26 @@ def tiny_drafter_for(target: TargetModel, seed: int = 1, gamma: int = 4) -> DSpa
     return DSparkDrafter(cfg, target.embed_tokens, target.lm_head).eval()
 
 
-def tiny_engine(mode: str = "scheduled", *, seed: int = 0, sps=None, max_running: int = 8, hf=None, **cfg) -> Engine:
+class TickClock:
+    """A clock that advances `tick` seconds every time it is read: an engine driven by it measures
+    the same step times on every machine."""
+
+    def __init__(self, tick: float = 1e-3):
+        self.now, self.tick = 0.0, tick
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+def tiny_engine(mode: str = "scheduled", *, seed: int = 0, sps=None, max_running: int = 8, hf=None, clock=None,
+                **cfg) -> Engine:
     hf = hf or tiny_hf_target()
     target = TargetModel.from_hf_model(hf)
     drafter = tiny_drafter_for(target) if mode != "target" else None
     config = EngineConfig(mode=mode, max_running=max_running, max_len=256, seed=seed, **cfg)
-    return Engine(target, ToyTokenizer(), drafter, config=config, sps=sps, model_name="tiny")
+    kwargs = {"clock": clock} if clock is not None else {}
+    return Engine(target, ToyTokenizer(), drafter, config=config, sps=sps, model_name="tiny", **kwargs)
 
 
 def run_to_completion(engine: Engine, prompts, params_list) -> list[list[int]]:

@@ -50,7 +50,7 @@ def test_drafts_and_their_probabilities_stay_inside_the_vocabulary():
 
 def _vocab_engine(mode, hf, **kw):
     engine = tiny_engine(mode, hf=hf, **kw)
-    engine.drafter.set_draft_vocab(HOT)
+    engine.runner.drafter.set_draft_vocab(HOT)
     return engine
 
 
@@ -63,7 +63,7 @@ def test_greedy_output_with_a_draft_vocabulary_equals_transformers():
     for mode, sps in (("full", None), ("scheduled", jagged_sps())):
         engine = _vocab_engine(mode, hf, sps=sps, max_running=4)
         assert run_to_completion(engine, prompts, params) == expected, mode
-        assert sum(r["accepted_drafts"] for r in engine.records) > 0  # drafts were accepted at all
+        assert sum(r.accepted_drafts for r in engine.records) > 0  # drafts were accepted at all
 
 
 def test_sampled_output_with_a_draft_vocabulary_follows_the_target_distribution():
@@ -77,7 +77,7 @@ def test_sampled_output_with_a_draft_vocabulary_follows_the_target_distribution(
     assert chi2_pvalue(t2, m2) > ALPHA and chi2_pvalue(t3, m3) > ALPHA
     odd_mass = float(m2[1::2].sum())
     assert odd_mass > 0.05 and sum(t % 2 == 1 for t in t2) > 0  # tokens outside the vocabulary still appear
-    assert sum(r["accepted_drafts"] for r in engine.records) > 300
+    assert sum(r.accepted_drafts for r in engine.records) > 300
 
 
 def test_probabilities_at_the_wrong_token_ids_are_detected():
@@ -94,7 +94,7 @@ def test_probabilities_at_the_wrong_token_ids_are_detected():
         full[:, : probs.shape[1]] = probs
         return full
 
-    engine.drafter._expand_to_vocab = unmapped
+    engine.runner.drafter._expand_to_vocab = unmapped
     t2, t3 = sample_tokens_2_and_3(engine, prompt, 4000, seed=0)
     assert min(chi2_pvalue(t2, m2), chi2_pvalue(t3, m3)) < ALPHA
 

@@ -71,7 +71,7 @@ def test_sampled_output_follows_the_target_distribution():
         engine = tiny_engine("scheduled", hf=hf, sps=jagged_sps(), max_running=16, seed=len(prompt))
         t2, t3 = sample_tokens_2_and_3(engine, prompt, 4000, seed=0)
         assert chi2_pvalue(t2, m2) > ALPHA and chi2_pvalue(t3, m3) > ALPHA
-        accepted = sum(r["accepted_drafts"] for r in engine.records)
+        accepted = sum(r.accepted_drafts for r in engine.records)
         assert accepted > 500  # speculation really happened
 
 
@@ -80,14 +80,14 @@ def test_biased_verification_is_detected_by_the_same_harness():
     prompt = [5, 9, 11]
     m2, m3 = exact_marginals(hf, prompt)
     engine = tiny_engine("full", hf=hf, max_running=16)
-    original = engine.drafter.draft
+    original = engine.runner.drafter.draft
 
     def misreported(*args, **kwargs):  # claims uniform draft probabilities
         out = original(*args, **kwargs)
         out.probs = torch.full_like(out.probs, 1.0 / VOCAB)
         return out
 
-    engine.drafter.draft = misreported
+    engine.runner.drafter.draft = misreported
     t2, t3 = sample_tokens_2_and_3(engine, prompt, 4000, seed=0)
     assert min(chi2_pvalue(t2, m2), chi2_pvalue(t3, m3)) < ALPHA
 
@@ -113,9 +113,9 @@ def test_eos_max_tokens_and_stop_strings():
     assert "".join(texts) == full[: full.find(stop_word)]
     # EOS ends a request without being emitted as text.
     eos_engine = tiny_engine("full")
-    eos_engine.eos_ids = set(range(VOCAB))  # every token is EOS now
+    eos_engine.output.eos_ids = set(range(VOCAB))  # every token is EOS now
     result = run_to_completion(eos_engine, [[5, 6]], [forced_eos])[0]
-    assert result == [] and EOS in eos_engine.eos_ids
+    assert result == [] and EOS in eos_engine.output.eos_ids
 
 
 def test_abort_frees_the_slot_and_slots_are_reused():
@@ -147,17 +147,17 @@ def test_scheduled_engine_skips_the_drafter_when_no_draft_pays_and_probes_period
     steep = SpsTable.from_points([1, 2], [100.0, 1.0], max_batch_tokens=64)  # any draft halves throughput
     engine = tiny_engine("scheduled", hf=hf, sps=steep, max_running=1, probe_every=4)
     calls = []
-    original = engine.drafter.draft
-    engine.drafter.draft = lambda *a, **k: calls.append(1) or original(*a, **k)
+    original = engine.runner.drafter.draft
+    engine.runner.drafter.draft = lambda *a, **k: calls.append(1) or original(*a, **k)
     out = run_to_completion(engine, [[5, 9, 11]], [SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)])[0]
     assert out == hf_greedy(hf, [5, 9, 11], 30)
     steps = len(engine.records)
     # The first step drafts only to measure (capacity 0, nothing verified); then one probe in every
     # probe_every + 1 steps, since the measured confidences make no draft worth verifying.
-    first = engine.records[0]
-    assert first["budget"] == 0 and first["num_verify_tokens"] == 1 and first["draft_ms"] > 0
+    first = list(engine.records)[0]
+    assert first.budget == 0 and first.num_verify_tokens == 1 and first.draft_ms > 0
     assert 1 <= len(calls) <= 1 + steps // 5 + 1 < steps
-    assert all(r["accepted_drafts"] == 0 for r in list(engine.records)[1:] if r["num_verify_tokens"] == 1)
+    assert all(r.accepted_drafts == 0 for r in list(engine.records)[1:] if r.num_verify_tokens == 1)
 
 
 def test_scheduled_engine_measures_first_then_drafts_where_drafting_pays():
@@ -168,7 +168,7 @@ def test_scheduled_engine_measures_first_then_drafts_where_drafting_pays():
     engine = tiny_engine("scheduled", hf=hf, sps=cheap, max_running=1)
     out = run_to_completion(engine, [[5, 9, 11]], [SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)])[0]
     assert out == hf_greedy(hf, [5, 9, 11], 20)
-    budgets = [r["budget"] for r in engine.records]
+    budgets = [r.budget for r in engine.records]
     assert budgets[0] == 0 and all(b > 0 for b in budgets[1:])
 
 
@@ -177,8 +177,8 @@ def test_probes_back_off_and_new_requests_use_the_observed_prior():
     steep = SpsTable.from_points([1, 2], [100.0, 1.0], max_batch_tokens=64)
     engine = tiny_engine("scheduled", hf=hf, sps=steep, max_running=1, probe_every=4, probe_max=16)
     calls = []
-    original = engine.drafter.draft
-    engine.drafter.draft = lambda *a, **k: calls.append(1) or original(*a, **k)
+    original = engine.runner.drafter.draft
+    engine.runner.drafter.draft = lambda *a, **k: calls.append(1) or original(*a, **k)
     params = SamplingParams(max_tokens=120, temperature=0.0, ignore_eos=True)
     assert run_to_completion(engine, [[5, 9, 11]], [params])[0] == hf_greedy(hf, [5, 9, 11], 120)
     steps = len(engine.records)

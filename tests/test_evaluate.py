@@ -1,31 +1,23 @@
-"""Speculative decoding loop of the evaluator: greedy output equals the target's own greedy
-decoding, whether drafts are rejected (random drafter) or mostly accepted (oracle drafter)."""
+"""The evaluator drives the engine: rounds per prompt, greedy equality with transformers whether
+drafts are rejected (random drafter) or mostly accepted (oracle drafter), saved rounds, STS export."""
 
 import os
 
 import pytest
 import torch
 
-from drafter_fixtures import TINY_TARGET, tiny_config
-from sglang_dspark.drafter import DraftOutput, DSparkDrafter
-from engine_fixtures import ToyTokenizer, tiny_engine
-from sglang_dspark.engine.sampling import SamplingParams
+from engine_fixtures import VOCAB, tiny_engine, tiny_hf_target
 from sglang_dspark.core.calibration import StsCalibration
-from sglang_dspark.evaluate import SpeculativeDecoder, run_split, save_rounds, sts_from_report, summarize
+from sglang_dspark.drafter import DraftOutput
+from sglang_dspark.engine.sampling import SamplingParams
+from sglang_dspark.evaluate import run_split, save_rounds, sts_from_report, summarize
+from sglang_dspark.prompts import PromptRecord
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def tiny_pair(seed=0):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    keys = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-            "head_dim", "num_hidden_layers", "vocab_size", "rms_norm_eps", "rope_theta",
-            "max_position_embeddings", "tie_word_embeddings")
-    target = LlamaForCausalLM(LlamaConfig(**{k: TINY_TARGET[k] for k in keys})).eval()
-    drafter = DSparkDrafter(tiny_config(), target.get_input_embeddings(), target.get_output_embeddings())
-    return target, drafter.eval()
+def _records(*pairs) -> list[PromptRecord]:
+    return [PromptRecord(id=str(i), source="test", domain=d, prompt=p) for i, (d, p) in enumerate(pairs)]
 
 
 class OracleDrafter:
@@ -43,42 +35,30 @@ class OracleDrafter:
         tokens = torch.tensor(self.reference[i + 1 : i + 1 + self.gamma])[None]
         self.rounds += 1
         if self.rounds % 2:
-            tokens[0, 3] = (tokens[0, 3] + 1) % 48
-        probs = torch.nn.functional.one_hot(tokens, 48).float()
+            tokens[0, 3] = (tokens[0, 3] + 1) % VOCAB
+        probs = torch.nn.functional.one_hot(tokens, VOCAB).float()
         return DraftOutput(tokens=tokens, probs=probs, conf_logits=out.conf_logits)
 
 
-def _reference(target, prompt, n):
-    out = target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n, min_new_tokens=n)
+def _reference(hf, prompt, n):
+    out = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n, min_new_tokens=n,
+                      eos_token_id=None, pad_token_id=0)
     return out[0, len(prompt):].tolist()
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_greedy_speculative_equals_target_greedy(seed):
-    target, drafter = tiny_pair(seed)
-    prompt = torch.randint(4, 48, (9,), generator=torch.Generator().manual_seed(seed)).tolist()
-    gen = SpeculativeDecoder(target, drafter).generate(prompt, 40, 0.0)
-    assert gen.tokens == _reference(target, prompt, 40)
-
-
 def test_greedy_equality_holds_when_drafts_are_accepted():
-    target, drafter = tiny_pair(2)
+    hf = tiny_hf_target(seed=2)
     prompt = [5, 9, 13, 7, 21]
-    reference = _reference(target, prompt, 60)
-    decoder = SpeculativeDecoder(target, drafter)
-    decoder.drafter = OracleDrafter(drafter, reference, len(prompt))
-    gen = decoder.generate(prompt, 40, 0.0)
-    assert gen.tokens == reference[:40]
-    assert max(gen.accept_lens) == drafter.gamma and min(gen.accept_lens) == 3
-    summary = summarize([{"domain": "x", "accept_lens": gen.accept_lens}], drafter.gamma)["x"]
+    reference = _reference(hf, prompt, 60)
+    engine = tiny_engine("full", hf=hf, max_running=1)
+    engine.runner.drafter = OracleDrafter(engine.runner.drafter, reference, len(prompt))
+    accepted = []
+    engine.add_round_observer(lambda rid, n, verified, conf: accepted.append(n))
+    out = engine.generate([prompt], [SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)])[0]
+    assert out == reference[:40]
+    assert max(accepted) == engine.gamma and min(accepted) == 3
+    summary = summarize([{"domain": "x", "accept_lens": accepted}], engine.gamma)["x"]
     assert summary["tau"] > 4 and summary["accept_rate_per_position"][3] < 1.0
-
-
-def test_sampling_path_runs_and_respects_the_budget():
-    target, drafter = tiny_pair(3)
-    gen = SpeculativeDecoder(target, drafter).generate([4, 5, 6], 25, 1.0,
-                                                       generator=torch.Generator().manual_seed(0))
-    assert len(gen.tokens) == 25 and len(gen.conf_logits) == len(gen.accept_lens)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -87,7 +67,7 @@ def test_engine_rounds_account_for_every_emitted_token(temperature):
     real tokens-per-round: 1 (prefill) + sum(accepted + 1) covers the output exactly."""
     engine = tiny_engine("full", max_running=4)
     rounds = {}
-    engine.on_round = lambda rid, n, verified, conf: rounds.setdefault(rid, []).append((n, verified, conf))
+    engine.add_round_observer(lambda rid, n, verified, conf: rounds.setdefault(rid, []).append((n, verified, conf)))
     prompts = [[5, 9, 13], [7, 7, 21, 4], [30, 2, 11], [6]]
     ids = [f"r{i}" for i in range(4)]
     params = [SamplingParams(max_tokens=30, temperature=temperature, ignore_eos=True)] * 4
@@ -101,9 +81,8 @@ def test_engine_rounds_account_for_every_emitted_token(temperature):
 
 def test_run_split_reports_rounds_per_prompt():
     engine = tiny_engine("full", max_running=3)
-    records = [{"domain": d, "prompt": p} for d, p in (("a", "w5 w9"), ("b", "w7 w21"), ("a", "w30"))]
-    results = run_split(engine, ToyTokenizer(), records, 1.0, 20, "t")
-    assert [r["domain"] for r in results] == ["a", "b", "a"] and engine.on_round is None
+    results = run_split(engine, _records(("a", "w5 w9"), ("b", "w7 w21"), ("a", "w30")), 1.0, 20, "t")
+    assert [r["domain"] for r in results] == ["a", "b", "a"] and not engine._round_observers  # removed again
     for r in results:
         assert r["accept_lens"] and len(r["accept_lens"]) == len(r["conf_logits"])
         assert all(0 <= m <= engine.gamma for m in r["accept_lens"])
@@ -113,8 +92,7 @@ def test_run_split_reports_rounds_per_prompt():
 
 def test_saved_rounds_keep_every_round_with_its_prompt(tmp_path):
     engine = tiny_engine("full", max_running=2)
-    records = [{"domain": d, "prompt": p} for d, p in (("a", "w5 w9"), ("b", "w7 w21"))]
-    results = run_split(engine, ToyTokenizer(), records, 1.0, 12, "t")
+    results = run_split(engine, _records(("a", "w5 w9"), ("b", "w7 w21")), 1.0, 12, "t")
     save_rounds(tmp_path / "r.pt", 1.0, engine.gamma, {"eval": results})
     data = torch.load(tmp_path / "r.pt")
     saved = data["eval"]

@@ -7,15 +7,17 @@ import pytest
 
 from engine_fixtures import tiny_engine
 from loopback_server import serve_on_loopback
-from sglang_dspark.profile.__main__ import main as profile_main
-from sglang_dspark.profile.http_capture import aggregate
-from sglang_dspark.profiles import ProfileError, SlaProfile
+from sglang_dspark.engine.async_engine import AsyncEngine
+from sglang_dspark.profile.cli import main as profile_main
+from sglang_dspark.profile.http_capture import step_samples
+from sglang_dspark.profile.measure import fit_section, summarize
+from sglang_dspark.profile.schema import SlaProfile
 from sglang_dspark.server import create_app
 
 
 @pytest.fixture(scope="module")
 def server():
-    engine = tiny_engine("scheduled", max_running=4)
+    engine = AsyncEngine(tiny_engine("scheduled", max_running=4))
     engine.start()
     try:
         with serve_on_loopback(create_app(engine)) as base:
@@ -24,19 +26,28 @@ def server():
         engine.shutdown()
 
 
+def _forced(engine) -> float | None:
+    return engine.call(lambda e: e.policy.forced_budget_frac).result(timeout=10)
+
+
 def test_set_internal_state(server):
     engine, base = server
     url = f"{base}/set_internal_state"
     r = httpx.post(url, json={"server_args": {"dspark_force_budget_frac": 0.5}})
-    assert r.status_code == 200 and r.json()["updated"] is True and engine.forced_budget_frac == 0.5
-    for bad in ({"server_args": {"dspark_force_budget_frac": 1.5}}, {"server_args": {"dspark_force_budget_frac": "x"}},
-                {"server_args": {"pp_max_micro_batch_size": 8}}, {"server_args": {}}, {"nope": 1}):
+    assert r.status_code == 200 and r.json() == {"updated": True, "server_args": {"dspark_force_budget_frac": 0.5}}
+    assert _forced(engine) == 0.5
+    for bad, message in (({"server_args": {"dspark_force_budget_frac": 1.5}}, "must be in [0, 1]"),
+                         ({"server_args": {"dspark_force_budget_frac": "x"}}, "valid number"),
+                         ({"server_args": {"pp_max_micro_batch_size": 8}}, "Extra inputs"),
+                         ({"dspark_force_budget_frac": 0.5}, 'expected SGLang\'s shape {"server_args"'),
+                         ([1], "request body: Input should be a valid dictionary")):
         r = httpx.post(url, json=bad)
         assert r.status_code == 400, bad
-        assert r.json()["error"]["message"].startswith("server_args")
-    assert engine.forced_budget_frac == 0.5  # a refused update changes nothing
+        assert message in r.json()["error"]["message"], (bad, r.json())
+    assert _forced(engine) == 0.5  # a refused update changes nothing
     r = httpx.post(url, json={"server_args": {"dspark_force_budget_frac": None, "dspark_clear_info_records": True}})
-    assert r.status_code == 200 and engine.forced_budget_frac is None and len(engine.records) == 0
+    assert r.status_code == 200 and _forced(engine) is None
+    assert engine.call(lambda e: len(e.records)).result(timeout=10) == 0
 
 
 def test_capture_http_writes_a_valid_profile(server, tmp_path, capsys):
@@ -48,7 +59,8 @@ def test_capture_http_writes_a_valid_profile(server, tmp_path, capsys):
     assert rc == 0, capsys.readouterr().err
     assert capsys.readouterr().out.startswith(f"wrote {out}: http: engine=reference")
     profile = SlaProfile.load(out)  # the schema's own checks passed
-    assert profile.fingerprint.engine == "reference" and profile.fingerprint.gamma == engine.gamma == 4
+    assert profile.fingerprint.engine == "reference" and profile.fingerprint.gamma == engine.engine.gamma == 4
+    assert profile.provenance.source == "capture-http"
     assert profile.fingerprint.target_sha256 == "unknown"  # no --model given
     rows = profile.sps.measurements
     assert rows and all(r.repeats >= 2 for r in rows)
@@ -57,7 +69,7 @@ def test_capture_http_writes_a_valid_profile(server, tmp_path, capsys):
     assert cost.sample_batch_tokens == sorted({r.batch_tokens for r in rows})
     assert cost.max_batch_tokens == 4 * (4 + 1)
     assert profile.tier("interactive").max_concurrency == 3
-    assert engine.forced_budget_frac is None  # handed back to the planner
+    assert _forced(engine) is None  # handed back to the planner
     assert profile_main(["validate", str(out)]) == 0
 
 
@@ -68,11 +80,13 @@ def test_capture_http_refuses_a_dead_server(tmp_path, capsys):
     assert rc == 2 and err.startswith("error: GET http://127.0.0.1:9/server_info") and "\n" not in err
 
 
-def test_aggregate_medians_and_min_samples():
+def test_step_records_become_measurements_and_tables():
     records = [{"bs": 2, "num_verify_tokens": 6, "step_ms": v} for v in (10.0, 12.0, 11.0)]
     records += [{"bs": 1, "num_verify_tokens": 3, "step_gpu_ms": 5.0}]  # SGLang's field; too few samples
-    cost, rows = aggregate(records, min_samples=2)
-    assert cost.sample_batch_tokens == [6] and cost.sample_steps_per_sec == [round(1000 / 11.0, 6)]
+    records += [{"bs": 0, "num_verify_tokens": 3, "step_ms": 5.0}, {"bs": 2, "step_ms": 5.0}]  # malformed: skipped
+    rows = summarize(step_samples(records), min_samples=2)
+    assert [(m.num_requests, m.batch_tokens) for m in rows] == [(2, 6)]
     assert rows[0].median_ms == 11.0 and rows[0].p10_ms == pytest.approx(10.2) and rows[0].repeats == 3
-    with pytest.raises(ProfileError, match="min-samples"):
-        aggregate(records[-1:], min_samples=2)
+    section = fit_section(rows, 0, skips_drafter_at_budget_0=False)
+    assert section.cost.sample_batch_tokens == [6] and section.cost.sample_steps_per_sec == [round(1000 / 11.0, 6)]
+    assert section.additive is not None and section.draft_skip_seconds is None  # SGLang always drafts

@@ -9,6 +9,7 @@ from engine_fixtures import VOCAB, tiny_engine, tiny_hf_target
 from loopback_server import serve_on_loopback
 
 from sglang_dspark.core.sps import SpsTable
+from sglang_dspark.engine.async_engine import AsyncEngine
 from sglang_dspark.server import create_app
 
 
@@ -30,7 +31,7 @@ def test_scheduled_greedy_equals_target_only_over_http():
     sps = SpsTable.from_points([1, 4, 8, 16, 32], [100.0, 95.0, 80.0, 60.0, 35.0], max_batch_tokens=64)
     results = {}
     for mode in ("target", "scheduled"):
-        engine = tiny_engine(mode, hf=hf, sps=sps, max_running=8)
+        engine = AsyncEngine(tiny_engine(mode, hf=hf, sps=sps, max_running=8))
         engine.start()
         try:
             with serve_on_loopback(create_app(engine)) as base:
@@ -39,7 +40,7 @@ def test_scheduled_greedy_equals_target_only_over_http():
         finally:
             engine.shutdown()
         if mode == "scheduled":
-            assert sum(r["accepted_drafts"] for r in engine.records) > 0
+            assert sum(r.accepted_drafts for r in engine.engine.records) > 0  # the thread has stopped
     reference = results["target", 1]
     assert all(len(out) == 32 for out in reference)
     for key, outputs in results.items():

@@ -39,7 +39,8 @@ def _one_line_error(capsys) -> str:
 
 
 @pytest.mark.parametrize("old,new,reason", [e for e in BAD_EDITS if e[2] in (
-    "name: missing required field", "fingerprint.gamma: Expected `int`, got `str`", "sps.cost.sample_batch_tokens",
+    "name: missing required field", "fingerprint.gamma: Input should be a valid integer, got str '3'",
+    "sps.cost.sample_batch_tokens",
     "sts.temperatures: 2 temperatures, but fingerprint.gamma is 3")])
 def test_bad_profile_is_refused(setup, capsys, old, new, reason):
     target, draft, path = setup
@@ -87,38 +88,28 @@ def test_profile_for_another_engine_or_machine_is_refused(setup, tmp_path, capsy
     assert "hardware: profile 'cpu: Test CPU x2'" in err and "target_sha256" in err
 
 
-def test_build_reference_engine_takes_the_profile(monkeypatch, setup):
-    """The reference engine gets profile.sps_table() and sts_temperatures(); the SLA tier reaches
-    EngineConfig only when it has the field."""
-    import dataclasses
-
+def test_launch_hands_the_profile_tables_and_tier_to_the_engine(monkeypatch, setup):
+    """Without --dry-run: the engine gets the profile's SPS table and STS temperatures, and SLA mode
+    the tier's tok/s; the server gets the keys. (Engine and server are stand-ins here.)"""
     import torch
-
-    from sglang_dspark.engine import engine as engine_mod
-    from sglang_dspark.server import bootstrap
 
     captured = {}
 
-    class FakeEngine:
-        def __init__(self, target, tokenizer, drafter, *, config, sps, sts_temperatures, model_name):
-            captured.update(config=config, sps=sps, sts=sts_temperatures)
+    def fake_build_engine(model_dir, draft_dir, *, config, sps, sts, model_name, **_):
+        captured.update(config=config, sps=sps, sts=sts, name=model_name)
+        return object()
 
-    class FakeTarget:
-        embed_tokens = lm_head = None
-
-        @classmethod
-        def from_pretrained(cls, path):
-            return cls()
-
-    monkeypatch.setattr(engine_mod, "Engine", FakeEngine)
-    monkeypatch.setattr("sglang_dspark.engine.target_model.TargetModel", FakeTarget)
-    monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", lambda path: object())
-    monkeypatch.setattr("sglang_dspark.drafter.checkpoint.load_drafter", lambda *a, **k: object())
+    monkeypatch.setattr("sglang_dspark.engine.factory.build_engine", fake_build_engine)
+    monkeypatch.setattr("sglang_dspark.engine.async_engine.AsyncEngine", lambda engine: engine)
+    monkeypatch.setattr("sglang_dspark.server.create_app",
+                        lambda client, **kw: captured.update(app=kw) or object())
+    monkeypatch.setattr("sglang_dspark.server.serve", lambda *a, **k: None)
     target, draft, path = setup
-    profile = make_profile(additive=True)
-    bootstrap.build_reference_engine(str(target), str(draft), profile, "scheduled", 4, 256,
-                                     sla_tok_s_per_user=20.0)
-    assert captured["sps"].table == profile.sps.additive
+    assert launch.main(["--model", str(target), "--draft", str(draft), "--engine", "reference", "--profile",
+                        str(path), "--sla-tier", "interactive", "--api-key", "k", "--admin-api-key", "a"]) == 0
+    profile = make_profile()
+    assert captured["sps"].table == profile.sps.cost
     assert torch.equal(captured["sts"], torch.tensor([1.0, 1.3, 0.7]))
-    has_sla = "sla_tok_s_per_user" in {f.name for f in dataclasses.fields(engine_mod.EngineConfig)}
-    assert (getattr(captured["config"], "sla_tok_s_per_user", None) == 20.0) == has_sla
+    assert captured["config"].sla_tok_s_per_user == 20.0 and captured["config"].max_running == 4
+    assert captured["name"] == "target"  # the directory's base name
+    assert captured["app"] == {"served_model_name": "target", "api_key": "k", "admin_api_key": "a"}

@@ -8,14 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import msgspec
 import pytest
 import torch
 
 from sglang_dspark.core.calibration import StsCalibration
 from sglang_dspark.core.sps import SpsAdditiveCostTable, SpsCostTable
-from sglang_dspark.profile.__main__ import main as profile_main
-from sglang_dspark.profiles import (
+from sglang_dspark.profile.cli import main as profile_main
+from sglang_dspark.profile.fingerprint import dir_sha256, fingerprint_for, hardware_id, mismatches
+from sglang_dspark.profile.schema import (
     Fingerprint,
     Measurement,
     ProfileError,
@@ -23,10 +23,6 @@ from sglang_dspark.profiles import (
     SlaProfile,
     SlaTier,
     SpsSection,
-    dir_sha256,
-    fingerprint_for,
-    fingerprint_mismatches,
-    hardware_id,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,9 +35,14 @@ def make_model_dirs(root: Path, gamma: int = 3) -> tuple[Path, Path]:
     draft.mkdir(parents=True, exist_ok=True)
     (target / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 48}))
     (target / "model.safetensors").write_bytes(b"target-weights")
-    (draft / "config.json").write_text(json.dumps({"block_size": gamma, "architectures": ["DSparkDraftModel"]}))
+    (draft / "config.json").write_text(json.dumps({"block_size": gamma, "architectures": ["DSparkDraftModel"],
+                                                   "target_layer_ids": [0, 1], "mask_token_id": 0}))
     (draft / "model.safetensors").write_bytes(b"draft-weights")
     return target, draft
+
+
+def _row(r, b, median, p10, p90, repeats) -> Measurement:
+    return Measurement(num_requests=r, batch_tokens=b, median_ms=median, p10_ms=p10, p90_ms=p90, repeats=repeats)
 
 
 def make_profile(*, gamma: int = 3, engine: str = "reference", target_dir=None, draft_dir=None, additive: bool = False,
@@ -60,11 +61,12 @@ def make_profile(*, gamma: int = 3, engine: str = "reference", target_dir=None, 
                               max_batch_tokens=64),
             additive=add,
             draft_skip_seconds=[0.001, 0.002, 0.004] if additive else None,
-            measurements=[Measurement(1, 1, 10.47, 10.1, 11.0, 7), Measurement(1, 4, 11.1, 10.9, 12.5, 7),
-                          Measurement(4, 8, 14.03, 13.0, 15.2, 7), Measurement(4, 16, 20.0, 19.5, 21.7, 7)]),
+            measurements=[_row(1, 1, 10.47, 10.1, 11.0, 7), _row(1, 4, 11.1, 10.9, 12.5, 7),
+                          _row(4, 8, 14.03, 13.0, 15.2, 7), _row(4, 16, 20.0, 19.5, 21.7, 7)]),
         sts=StsCalibration(temperatures=[1.0, 1.3, 0.7][:gamma] + [1.1] * max(0, gamma - 3), dataset="held-out",
                            num_samples=512, ece_before=[0.05] * gamma, ece_after=[0.01] * gamma) if sts else None,
-        sla_tiers=[SlaTier("interactive", 20.0, 2.0, 4), SlaTier("batch", 5.0, 30.0, 16)],
+        sla_tiers=[SlaTier(name="interactive", tok_s_per_user=20.0, ttft_s=2.0, max_concurrency=4),
+                   SlaTier(name="batch", tok_s_per_user=5.0, ttft_s=30.0, max_concurrency=16)],
         provenance=Provenance(command="python -m sglang_dspark.profile capture ...", date="2026-11-29T14:00:00Z",
                               repeats=7, warmup=2, host="test-host"))
 
@@ -113,8 +115,8 @@ BAD_EDITS = [
     # (old, new, words the one-line reason must contain)
     ("  gamma: 3\n", "", "fingerprint.gamma"),  # missing -> default 0 -> refused by gamma >= 1
     ("name: tiny-dspark-cpu\n", "", "name: missing required field"),
-    ("  tp: 1\n", "  tp: one\n", "fingerprint.tp: Expected `int`, got `str`"),
-    ("  gamma: 3\n", "  gamma: '3'\n", "fingerprint.gamma: Expected `int`, got `str`"),
+    ("  tp: 1\n", "  tp: one\n", "fingerprint.tp: Input should be a valid integer, got str 'one'"),
+    ("  gamma: 3\n", "  gamma: '3'\n", "fingerprint.gamma: Input should be a valid integer, got str '3'"),
     ("[1, 4, 8, 16, 32]", "[1, 8, 4, 16, 32]", "sps.cost.sample_batch_tokens"),
     ("sample_steps_per_sec: [95.5,", "sample_steps_per_sec: [-95.5,", "sps.cost.sample_steps_per_sec"),
     ("temperatures: [1.0, 1.3, 0.7]", "temperatures: [1.0, 1.3]", "sts.temperatures: 2 temperatures, but fingerprint.gamma is 3"),
@@ -155,18 +157,21 @@ def test_draft_skip_prices_budget_zero_without_the_drafter():
     assert table.draft_skip(10) == pytest.approx(0.002 + 6 / 12 * 0.002)  # interpolated over bs_probes
 
 
+ONE = {"sample_batch_tokens": [1], "sample_steps_per_sec": [1.0], "max_batch_tokens": 1}
+
+
 def test_construction_validates_too():
     with pytest.raises(ValueError, match="gamma"):
         Fingerprint(engine="reference", hardware="x", torch="t", sglang=None, target_sha256="a", draft_sha256=None)
     with pytest.raises(ValueError, match="measurements"):
-        SpsSection(cost=SpsCostTable([1], [1.0], 1), measurements=[Measurement(2, 2, 1, 1, 1, 1), Measurement(1, 1, 1, 1, 1, 1)])
+        SpsSection(cost=ONE, measurements=[_row(2, 2, 1, 1, 1, 1), _row(1, 1, 1, 1, 1, 1)])
     with pytest.raises(ValueError, match="draft_skip_seconds: needs sps.additive"):
-        SpsSection(cost=SpsCostTable([1], [1.0], 1), draft_skip_seconds=[0.0])
+        SpsSection(cost=ONE, draft_skip_seconds=[0.0])
     add = make_profile(additive=True).sps.additive
     with pytest.raises(ValueError, match="draft_skip_seconds: 2 values for 3"):
-        SpsSection(cost=SpsCostTable([1], [1.0], 1), additive=add, draft_skip_seconds=[0.0, 0.1])
+        SpsSection(cost=ONE, additive=add, draft_skip_seconds=[0.0, 0.1])
     with pytest.raises(ValueError, match=">= 0"):
-        SpsSection(cost=SpsCostTable([1], [1.0], 1), additive=add, draft_skip_seconds=[0.0, -0.1, 0.0])
+        SpsSection(cost=ONE, additive=add, draft_skip_seconds=[0.0, -0.1, 0.0])
 
 
 # -- fingerprints ----------------------------------------------------------------------------------
@@ -189,9 +194,9 @@ def test_hardware_id_and_dir_hash(tmp_path):
 def test_fingerprint_mismatches_name_every_difference(tmp_path):
     target, draft = make_model_dirs(tmp_path)
     fp = fingerprint_for(engine="reference", target_dir=target, draft_dir=draft, gamma=3)
-    assert fingerprint_mismatches(fp, fp) == []
-    other = msgspec.structs.replace(fp, gamma=5, hardware="cuda: H200 x1", torch="9.9.9", target_sha256="c" * 64)
-    lines = fingerprint_mismatches(fp, other)
+    assert mismatches(fp, fp) == []
+    other = fp.model_copy(update=dict(gamma=5, hardware="cuda: H200 x1", torch="9.9.9", target_sha256="c" * 64))
+    lines = mismatches(fp, other)
     assert lines[0].startswith("hardware: profile 'cpu: ") and lines[0].endswith("actual 'cuda: H200 x1'")
     assert "target_sha256: profile" in lines[1] and "gamma: profile 3, actual 5" in lines
     assert lines[-1] == f"version torch: profile {fp.torch!r}, actual '9.9.9'"
@@ -238,7 +243,7 @@ def test_cli_validate_subprocess(tmp_path, good_yaml):
     bad = _cli("validate", str(_edit(good_yaml, "  gamma: 3\n", "  gamma: x\n")))
     err = bad.stderr.strip()
     assert bad.returncode == 2 and bad.stdout == ""
-    assert err == f"error: {tmp_path / 'bad.yaml'}: fingerprint.gamma: Expected `int`, got `str`"
+    assert err == f"error: {tmp_path / 'bad.yaml'}: fingerprint.gamma: Input should be a valid integer, got str 'x'"
 
 
 @pytest.mark.parametrize("old,new,reason", [e for e in BAD_EDITS if "YAML" not in e[2]][:6])
@@ -277,7 +282,7 @@ def test_cli_export(tmp_path, good_yaml, capsys):
 
 
 def test_cli_refit_rederives_the_tables_from_the_measurements(tmp_path, good_yaml, capsys):
-    from sglang_dspark.profile.__main__ import main
+    from sglang_dspark.profile.cli import main
 
     out = tmp_path / "refit.yaml"
     assert main(["refit", str(good_yaml), "--out", str(out)]) == 0
@@ -287,13 +292,13 @@ def test_cli_refit_rederives_the_tables_from_the_measurements(tmp_path, good_yam
     assert after.sps.measurements == before.sps.measurements and after.fingerprint == before.fingerprint
     assert after.sps.cost.sample_batch_tokens == [1, 4, 8, 16]  # one entry per measured B
     empty = tmp_path / "empty.yaml"
-    msgspec.structs.replace(before, sps=msgspec.structs.replace(before.sps, measurements=[])).save(empty)
+    before.model_copy(update={"sps": before.sps.model_copy(update={"measurements": []})}).save(empty)
     assert main(["refit", str(empty)]) == 2
     assert "sps.measurements: empty" in capsys.readouterr().err
 
 
 def test_every_cli_flag_has_help():
-    from sglang_dspark.profile.__main__ import build_parser
+    from sglang_dspark.profile.cli import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
@@ -306,7 +311,7 @@ def test_every_cli_flag_has_help():
 
 def test_cli_set_sts_embeds_checks_and_clears(tmp_path, good_yaml, capsys):
     from sglang_dspark.core.calibration import StsCalibration
-    from sglang_dspark.profile.__main__ import main
+    from sglang_dspark.profile.cli import main
 
     gamma = SlaProfile.load(good_yaml).fingerprint.gamma
     sts = tmp_path / "sts.json"

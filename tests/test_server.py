@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from concurrent.futures import Future
 
 import pytest
 from fastapi.testclient import TestClient
@@ -52,6 +53,7 @@ class FakeEngine:
         self.submitted: list[tuple[list[int], object, str]] = []
         self.aborted: list[str] = []
         self.hold = False
+        self.knobs: list = []
         self.busy = False
         self._abort_events: dict[str, threading.Event] = {}
 
@@ -82,11 +84,21 @@ class FakeEngine:
         self.aborted.append(request_id)
         self._abort_events[request_id].set()
 
-    def server_info(self) -> dict:
-        return {"internal_states": [{"dspark_info_record": {"mode": "scheduled", "gamma": 4, "records": []}}]}
+    def server_info(self) -> Future:
+        return _done({"internal_states": [{"dspark_info_record": {"mode": "scheduled", "gamma": 4, "records": []}}]})
 
-    def flush_cache(self) -> bool:
-        return not self.busy
+    def flush_cache(self) -> Future:
+        return _done(not self.busy)
+
+    def set_internal_state(self, force_budget_frac=..., clear_records=False) -> Future:
+        self.knobs.append((force_budget_frac, clear_records))
+        return _done(None if force_budget_frac is ... else force_budget_frac)
+
+
+def _done(value) -> Future:
+    future = Future()
+    future.set_result(value)
+    return future
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """The server in front of the real reference engine: a tiny random llama target and a tiny drafter,
-loaded from disk through build_reference_engine, served in-process and over a loopback socket."""
+loaded from disk through build_engine, on its thread (AsyncEngine), served in-process and over a
+loopback socket."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from drafter_fixtures import TINY_TARGET, tiny_drafter
 from loopback_server import serve_on_loopback
 from sglang_dspark.drafter.checkpoint import save_drafter
 from sglang_dspark.server import create_app
-from sglang_dspark.server.bootstrap import build_reference_engine
+from sglang_dspark.engine.async_engine import AsyncEngine
+from sglang_dspark.engine.engine import EngineConfig
+from sglang_dspark.engine.factory import build_engine
 
 SPECIALS = ["<unk>", "<s>", "</s>", "<mask>"]
 CHAT_TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }} {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}<s>assistant {% endif %}"
@@ -46,18 +49,19 @@ def model_dirs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(model_dirs):
-    engine = build_reference_engine(*model_dirs, profile=None, mode="scheduled", max_running=4, max_len=256, seed=0,
-                                    model_name="tiny")
+    config = EngineConfig(mode="scheduled", max_running=4, max_len=256, seed=0)
+    engine = AsyncEngine(build_engine(*model_dirs, config=config, model_name="tiny"))
     engine.start()
     yield engine
     engine.shutdown()
 
 
 def _wait_idle(engine, timeout: float = 20.0) -> None:
+    """Until the engine thread reports no running or waiting request (read on that thread)."""
     deadline = time.monotonic() + timeout
-    while (engine.num_running or engine.num_waiting) and time.monotonic() < deadline:
+    while not engine.call(lambda e: e.idle).result(timeout) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert engine.num_running == 0 and engine.num_waiting == 0
+    assert engine.call(lambda e: e.idle).result(timeout)
 
 
 def test_endpoints_against_real_engine(engine):

@@ -1,11 +1,9 @@
 """SLA mode beyond the budget: overhead-aware speed predictions and admission control."""
 
-import time
-
 import pytest
 import torch
 
-from engine_fixtures import tiny_engine
+from engine_fixtures import TickClock, tiny_engine
 from sglang_dspark.core.schedule import AsyncPlanner, decide_budget_sla, sla_speed
 from sglang_dspark.core.sps import SpsTable
 from sglang_dspark.engine.sampling import SamplingParams
@@ -51,21 +49,19 @@ def test_measured_speed_below_the_tier_closes_admission_unless_the_tier_is_out_o
     assert unreachable.can_admit(["a"], measured_slowest=1.0)  # fallback: admission not limited
 
 
-def test_engine_measures_the_slowest_running_speed_in_sla_mode_only():
-    engine = tiny_engine("scheduled", max_running=2, sps=CLIFF, sla_tok_s_per_user=50.0)
+def test_engine_measures_the_slowest_running_speed():
+    clock = TickClock()
+    engine = tiny_engine("scheduled", max_running=2, sps=CLIFF, sla_tok_s_per_user=50.0, clock=clock)
     params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
     engine.submit([5, 6, 7], params, lambda out: None)
-    assert engine._slowest_measured_speed() is None  # nothing running yet
     for _ in range(12):
         engine.step()
-    (req,) = engine._running
+    (req,) = engine.scheduler.running
     n = len(req.output_ids)
-    before = time.perf_counter()
-    speed = engine._slowest_measured_speed()
-    after = time.perf_counter()
-    assert n >= 8 and speed is not None
-    assert (n - 1) / (after - req.first_token_at) <= speed <= (n - 1) / (before - req.first_token_at)
-    assert tiny_engine("scheduled", max_running=2, sps=CLIFF)._slowest_measured_speed() is None
+    speed = engine.slowest_speed([req])  # reading the clock advances it by one tick
+    assert n >= 8 and speed == pytest.approx((n - 1) / (clock.now - req.first_token_at))
+    young = engine.slowest_speed([])  # nobody running: no measurement
+    assert young is None
 
 
 def test_time_scale_corrects_an_optimistic_table():
@@ -86,7 +82,10 @@ def test_unmeetable_tier_does_not_limit_admission():
 
 
 def test_engine_in_sla_mode_caps_running_requests_and_finishes_all():
-    engine = tiny_engine("scheduled", max_running=6, sps=CLIFF, sla_tok_s_per_user=50.0)
+    """On a clock that reads the same on every host: a step costs a few ticks of 1 ms against the
+    table's 10 ms, so the measured time scale is below 1 and two users at B = 2 stay far above the
+    tier, while a third would put every user on the cliff."""
+    engine = tiny_engine("scheduled", max_running=6, sps=CLIFF, sla_tok_s_per_user=50.0, clock=TickClock())
     most = [0]
     step = engine.step
 
@@ -98,14 +97,16 @@ def test_engine_in_sla_mode_caps_running_requests_and_finishes_all():
     outs = engine.generate([[5, 6, 7]] * 6, [SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)] * 6)
     assert all(len(o) == 12 for o in outs)  # queued requests are served, nothing is lost
     assert most[0] <= 2  # B = R >= 3 would drop every user to <= 5 * (1 + 4) tok/s
-    assert engine.planner.overhead_seconds > 0  # measured between decode steps
-    assert engine.planner.time_scale != 1.0  # measured against the table's predictions
+    planner = engine.policy.planner
+    assert planner.overhead_seconds > 0  # measured between decode steps
+    assert 0 < planner.time_scale < 1  # measured against the table's predictions
 
 
 def test_engine_without_sla_fills_every_slot():
     engine = tiny_engine("scheduled", max_running=6, sps=CLIFF)
     engine.generate([[5, 6, 7]] * 6, [SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)] * 6)
-    assert engine.planner.overhead_seconds == 0.0 and engine.planner.time_scale == 1.0  # only SLA mode measures them
+    planner = engine.policy.planner
+    assert planner.overhead_seconds == 0.0 and planner.time_scale == 1.0  # only SLA mode measures them
     engine.submit([5, 6], SamplingParams(max_tokens=3, ignore_eos=True), lambda out: None)
     for _ in range(3):
         engine.submit([5, 6], SamplingParams(max_tokens=3, ignore_eos=True), lambda out: None)

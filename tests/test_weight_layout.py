@@ -8,7 +8,13 @@ from torch import nn
 from sglang_dspark.drafter import greedy_sampler, load_drafter, save_drafter
 from sglang_dspark.drafter.model import DraftKVCache
 from sglang_dspark.engine.target_model import TargetModel
-from sglang_dspark.core.weight_layout import DualLayoutLinear, input_major, is_input_major, pack_linears_for_cpu
+from sglang_dspark.engine.weight_layout import (
+    DualLayoutLinear,
+    input_major,
+    is_input_major,
+    pack_drafter_for_cpu,
+    pack_linears_for_cpu,
+)
 from tests.engine_fixtures import tiny_drafter_for, tiny_hf_target
 
 
@@ -60,6 +66,7 @@ def test_loaded_drafter_is_packed_and_drafts_as_before(tmp_path):
         drafter.markov_head.markov_w2.weight.normal_(std=0.5)
     save_drafter(drafter, drafter.config, tmp_path)
     loaded = load_drafter(tmp_path, target.embed_tokens, target.lm_head)
+    pack_drafter_for_cpu(loaded)  # what the engine's factory does after loading
     assert is_input_major(loaded.lm_head_weight)
     assert all(is_input_major(m.weight) for m in loaded.modules() if isinstance(m, nn.Linear))
     assert not is_input_major(drafter.markov_head.markov_w2.weight)  # the original is untouched

@@ -3,7 +3,7 @@
 The scheduler multiplies per-position confidences into survival probabilities, so it needs them
 calibrated in absolute terms. STS fits one temperature per position, left to right, each chosen to
 minimise the ECE of the cumulative product against "prefix of length k+1 accepted", with earlier
-temperatures frozen (DSPARK.md section 5). Dividing a logit by T > 0 keeps the ranking.
+temperatures frozen (docs/ALGORITHM.md, calibration). Dividing a logit by T > 0 keeps the ranking.
 
 The STS file is SGLang's `DSparkStsCalibration` JSON, field for field.
 """
@@ -12,31 +12,36 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import msgspec
 import torch
+from pydantic import field_validator
+
+from sglang_dspark.core.schema import StrictModel
 
 DEFAULT_GRID = torch.logspace(-1.5, 1.5, 121, dtype=torch.float64)  # T in [0.03, 32]
 
 
-class StsCalibration(msgspec.Struct, frozen=True, omit_defaults=True):
+class StsCalibration(StrictModel):
     temperatures: list[float]
     dataset: str = ""
     num_samples: int = 0
     ece_before: list[float] = []
     ece_after: list[float] = []
 
-    def __post_init__(self) -> None:
-        if not self.temperatures:
-            raise ValueError("temperatures: at least one temperature is required")
-        if any(not t > 0 for t in self.temperatures):
-            raise ValueError(f"temperatures: every value must be > 0, got {self.temperatures}")
+    @field_validator("temperatures")
+    @classmethod
+    def _positive(cls, temperatures: list[float]) -> list[float]:
+        if not temperatures:
+            raise ValueError("at least one temperature is required")
+        if any(not t > 0 for t in temperatures):
+            raise ValueError(f"every value must be > 0, got {temperatures}")
+        return temperatures
 
     def to_json(self) -> str:
-        return msgspec.json.encode(self).decode()
+        return self.model_dump_json()
 
     @classmethod
     def from_json(cls, text: str | bytes) -> StsCalibration:
-        return msgspec.json.decode(text.encode() if isinstance(text, str) else text, type=cls)
+        return cls.model_validate_json(text)
 
     @classmethod
     def load(cls, path: str | Path) -> StsCalibration:
@@ -124,7 +129,7 @@ def fit_sts(
     """Per-position temperatures [G] fitted left to right on held-out (conf_logits [N, G], accept_len [N]).
 
     accept_len must come from full-block verification, so every position's label is observed.
-    `objective` is what each temperature minimises over the grid: "ece" (DSPARK.md) or "nll".
+    `objective` is what each temperature minimises over the grid: "ece" (the paper's) or "nll".
     A position whose labels hold fewer than `min_positives` accepted prefixes (or fewer than that
     many rejected ones) keeps the previous position's temperature (1 at the first): a rate cannot be
     calibrated from a handful of events, and with none at all either objective drives the

@@ -2,7 +2,7 @@
 
 With l_r drafts verified for request r, a step carries B = sum_r (1 + l_r) batch tokens and emits
 tau = sum_r (1 + sum_{j<=l_r} a[r, j]) tokens in expectation, a = cumprod(conf). Throughput is
-Theta = tau * SPS(B) (DSPARK.md section 5).
+Theta = tau * SPS(B) (docs/ALGORITHM.md, scheduling).
 
 Candidates are ranked by (survival desc, position asc, request asc), the same value-independent
 order SGLang uses. Ties therefore never rank a later draft of a request before an earlier one, so
@@ -158,7 +158,7 @@ class AsyncPlanner:
     scheduling), so `capacity()` only reads confidences observed `lag` steps ago and searches the
     whole jagged SPS curve. `allocate()` then hands that capacity to this step's drafts by top-K of
     their current cumulative survival, which is prefix-closed. Capacity never depends on this
-    step's samples, so the output distribution is the target's (DSPARK.md section 5).
+    step's samples, so the output distribution is the target's (docs/ALGORITHM.md, scheduling).
 
     Requests with fewer than `lag` observed steps have no history. With `prior="one"` they count
     as survival 1 at every position, like SGLang's planner (optimistic: new requests never shrink

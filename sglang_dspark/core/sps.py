@@ -21,53 +21,54 @@ from __future__ import annotations
 import bisect
 from pathlib import Path
 
-import msgspec
 import numpy as np
 import torch
+from pydantic import model_validator
+
+from sglang_dspark.core.schema import FieldError, StrictModel
 
 
-class SpsCostTable(msgspec.Struct, frozen=True):
+class SpsCostTable(StrictModel):
     sample_batch_tokens: list[int]
     sample_steps_per_sec: list[float]
     max_batch_tokens: int
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _check(self) -> SpsCostTable:
         tokens = self.sample_batch_tokens
         if not tokens:
-            raise ValueError("sample_batch_tokens: at least one probe is required")
+            raise FieldError("sample_batch_tokens", "at least one probe is required")
         if any(b < 1 for b in tokens) or any(b >= c for b, c in zip(tokens, tokens[1:])):
-            raise ValueError(f"sample_batch_tokens: must be >= 1 and strictly increasing, got {tokens}")
+            raise FieldError("sample_batch_tokens", f"must be >= 1 and strictly increasing, got {tokens}")
         if len(tokens) != len(self.sample_steps_per_sec):
-            raise ValueError(
-                f"sample_steps_per_sec: length {len(self.sample_steps_per_sec)} != "
-                f"{len(tokens)} probes"
-            )
+            raise FieldError("sample_steps_per_sec", f"length {len(self.sample_steps_per_sec)} != {len(tokens)} probes")
         if any(not s > 0 for s in self.sample_steps_per_sec):
-            raise ValueError("sample_steps_per_sec: every value must be > 0")
+            raise FieldError("sample_steps_per_sec", "every value must be > 0")
         if self.max_batch_tokens < tokens[-1]:
-            raise ValueError(
-                f"max_batch_tokens: {self.max_batch_tokens} is below the largest probe {tokens[-1]}"
-            )
+            raise FieldError("max_batch_tokens", f"{self.max_batch_tokens} is below the largest probe {tokens[-1]}")
+        return self
 
 
-class SpsAdditiveCostTable(msgspec.Struct, frozen=True):
+class SpsAdditiveCostTable(StrictModel):
     bias_seconds: float
     bs_probes: list[int]
     alpha_seconds: list[float]
     m_probes: list[int]
     theta_seconds: list[float]
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _check(self) -> SpsAdditiveCostTable:
         for name, probes, values in (
             ("bs_probes", self.bs_probes, self.alpha_seconds),
             ("m_probes", self.m_probes, self.theta_seconds),
         ):
             if not probes or any(a >= b for a, b in zip(probes, probes[1:])):
-                raise ValueError(f"{name}: must be non-empty and strictly increasing, got {probes}")
+                raise FieldError(name, f"must be non-empty and strictly increasing, got {probes}")
             if len(probes) != len(values):
-                raise ValueError(f"{name}: length {len(probes)} != {len(values)} values")
+                raise FieldError(name, f"length {len(probes)} != {len(values)} values")
         if not self.bias_seconds > 0:
-            raise ValueError(f"bias_seconds: must be > 0, got {self.bias_seconds}")
+            raise FieldError("bias_seconds", f"must be > 0, got {self.bias_seconds}")
+        return self
 
 
 def interp_clamped(xs: list[int], ys: list[float], x: float) -> float:
@@ -140,10 +141,10 @@ class SpsTable:
     def from_json(cls, text: str | bytes) -> SpsTable:
         data = text.encode() if isinstance(text, str) else text
         kind = SpsAdditiveCostTable if b'"bias_seconds"' in data else SpsCostTable
-        return cls(msgspec.json.decode(data, type=kind))
+        return cls(kind.model_validate_json(data))
 
     def to_json(self) -> str:
-        return msgspec.json.encode(self.table).decode()
+        return self.table.model_dump_json()
 
     @classmethod
     def load(cls, path: str | Path) -> SpsTable:

@@ -2,12 +2,14 @@
 
 Every function is vectorised over requests: no Python loop over the batch. A request verifies only
 the first `verify_lens[r]` drafts (a "cut"); the target row at the cut supplies the correction or
-bonus token, so a cut stays exact (DSPARK.md section 4).
+bonus token, so a cut stays exact (docs/ALGORITHM.md, verification).
 """
 
 from __future__ import annotations
 
 import torch
+
+from sglang_dspark.core.sampling import sample
 
 
 def _gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -57,7 +59,7 @@ def verify_chain(
     residual = torch.where(residual_mass > 0, residual / residual_mass.clamp(min=1e-30), target_row)
     rejected = (num_accepted < verify_lens).unsqueeze(-1)
     next_dist = torch.where(rejected, residual, target_row)
-    next_tokens = torch.multinomial(next_dist, 1, generator=generator).squeeze(-1)
+    next_tokens = sample(next_dist, generator)
     return num_accepted, next_tokens
 
 

@@ -17,7 +17,6 @@ from safetensors.torch import load_file, save_file
 
 from sglang_dspark.drafter.config import DSparkDraftConfig
 from sglang_dspark.drafter.model import DSparkDrafter
-from sglang_dspark.core.weight_layout import input_major, pack_linears_for_cpu
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -42,21 +41,50 @@ def save_drafter(drafter: DSparkDrafter, config: DSparkDraftConfig, out_dir, dty
     return out
 
 
+# Keys that make a config.json a DSpark/DFlash drafter's rather than a plain model's (top level,
+# or nested under `dflash_config` in z-lab's DFlash layout, which SGLang also reads).
+DRAFTER_KEYS = ("target_layer_ids", "mask_token_id")
+
+
+def read_drafter_config(ckpt_dir) -> dict:
+    """config.json of a drafter directory as a dict; ValueError with one line when `ckpt_dir` is
+    not a drafter (no config, no DSpark keys, no weights)."""
+    path = Path(ckpt_dir)
+    try:
+        data = json.loads((path / CONFIG_NAME).read_text())
+    except OSError as exc:
+        raise ValueError(f"{path}: not a DSpark drafter directory (cannot read {CONFIG_NAME}: {exc.strerror})") from None
+    except ValueError:
+        raise ValueError(f"{path}: not a DSpark drafter directory ({CONFIG_NAME} is not JSON)") from None
+    nested = data.get("dflash_config") if isinstance(data.get("dflash_config"), dict) else {}
+    missing = [k for k in DRAFTER_KEYS if k not in data and k not in nested]
+    if missing:
+        raise ValueError(f"{path}: not a DSpark drafter directory ({CONFIG_NAME} has no {', '.join(missing)}; "
+                         "drafters are written by python -m sglang_dspark.train)")
+    if not (path / WEIGHTS_NAME).is_file():
+        raise ValueError(f"{path}: not a DSpark drafter directory (no {WEIGHTS_NAME})")
+    return data
+
+
 def load_config(ckpt_dir) -> DSparkDraftConfig:
-    with open(Path(ckpt_dir) / CONFIG_NAME) as f:
-        return DSparkDraftConfig.from_dict(json.load(f))
+    """The drafter config of `ckpt_dir`; ValueError with one line when it is not a drafter."""
+    data = read_drafter_config(ckpt_dir)
+    try:
+        return DSparkDraftConfig.from_dict(data)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ValueError(f"{ckpt_dir}: drafter config: {exc}") from None
 
 
 def load_drafter(ckpt_dir, target_embed, target_lm_head, dtype=torch.float32, *,
                  draft_vocab: bool = True) -> DSparkDrafter:
     """Rebuild the drafter around the target's (shared, frozen) embedding and lm_head; with
-    `draft_vocab`, drafting uses the directory's draft_vocab.pt when it has one."""
+    `draft_vocab`, drafting uses the directory's draft_vocab.pt when it has one. Weights keep
+    PyTorch's layout; the engine repacks them for its CPU GEMMs (engine/weight_layout.py)."""
     config = load_config(ckpt_dir)
     drafter = DSparkDrafter(config, target_embed, target_lm_head)
     state = load_file(str(Path(ckpt_dir) / WEIGHTS_NAME))
     drafter.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True)
     drafter = drafter.to(dtype).eval()
-    pack_drafter_for_cpu(drafter)
     vocab_file = Path(ckpt_dir) / DRAFT_VOCAB_NAME
     if draft_vocab and vocab_file.exists():
         drafter.set_draft_vocab(load_draft_vocab(vocab_file))
@@ -72,11 +100,3 @@ def save_draft_vocab(token_ids, out_dir) -> Path:
 def load_draft_vocab(path) -> torch.Tensor:
     ids = torch.load(path, weights_only=True)
     return torch.as_tensor(ids, dtype=torch.int64)
-
-
-def pack_drafter_for_cpu(drafter: DSparkDrafter) -> None:
-    """Input-major CPU weights for inference (core/weight_layout.py), including the shared
-    lm_head buffer, whose [R * gamma, V] logits GEMM is the drafter's largest."""
-    pack_linears_for_cpu(drafter)
-    if drafter.lm_head_weight.device.type == "cpu":
-        drafter.lm_head_weight = input_major(drafter.lm_head_weight)

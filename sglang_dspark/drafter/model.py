@@ -22,7 +22,6 @@ from sglang_dspark.drafter.config import DSparkDraftConfig
 from sglang_dspark.drafter.heads import MARKOV_HEADS, ConfidenceHead
 from sglang_dspark.drafter.layers import DraftDecoderLayer, rope_cos_sin
 from sglang_dspark.drafter.sampling import Sampler, temperature_sampler
-from sglang_dspark.core.weight_layout import input_major
 
 
 @dataclass
@@ -130,9 +129,9 @@ class DSparkDrafter(nn.Module):
         if ids.unique().numel() != ids.numel():
             raise ValueError("draft vocabulary: token ids must be unique")
         self.draft_vocab = ids
-        self._vocab_lm_head = input_major(self.lm_head_weight[ids])  # [S, H], stored so .T is contiguous
+        self._vocab_lm_head = self.lm_head_weight[ids].contiguous()  # [S, H]
         if self.markov_head is not None:
-            self._vocab_markov_w2 = input_major(self.markov_head.markov_w2.weight.detach()[ids])  # [S, rank]
+            self._vocab_markov_w2 = self.markov_head.markov_w2.weight.detach()[ids].contiguous()  # [S, rank]
 
     def _expand_to_vocab(self, probs: torch.Tensor) -> torch.Tensor:
         """[R, S] probabilities over the draft vocabulary -> [R, V] (zero outside it)."""
@@ -249,12 +248,12 @@ class DraftKVCache:
     """
 
     def __init__(self, drafter: DSparkDrafter, num_slots: int, max_len: int,
-                 dtype=torch.float32, device="cpu"):
+                 dtype=torch.float32, device="cpu", zeros=torch.zeros):
         cfg = drafter.config
         shape = (cfg.num_hidden_layers, num_slots, max_len, cfg.num_key_value_heads, cfg.head_dim)
         self.drafter = drafter
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = zeros(shape, dtype=dtype, device=device)  # `zeros`: the engine passes its lazy allocator
+        self.v = zeros(shape, dtype=dtype, device=device)
         self.lengths = [0] * num_slots
         self.max_len = max_len
         # Per slot: disjoint (start, features [n, m*H]) pieces in ascending order, not yet projected.

@@ -11,6 +11,8 @@ from typing import Callable
 
 import torch
 
+from sglang_dspark.core.sampling import sample
+
 Sampler = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -18,21 +20,11 @@ def temperature_sampler(temperature: float = 1.0, generator: torch.Generator | N
     if temperature <= 0:
         raise ValueError("temperature must be > 0; use greedy_sampler for temperature 0")
 
-    def sample(logits: torch.Tensor, k: int):
+    def draw(logits: torch.Tensor, k: int):
         probs = torch.softmax(logits.float() / temperature, dim=-1)
-        return sample_from(probs, generator), probs
+        return sample(probs, generator), probs
 
-    return sample
-
-
-def sample_from(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token per row of probs [R, V] by inverse CDF: ~10x faster than torch.multinomial on
-    CPU at this vocab size. float64 cumsum keeps tiny probabilities exact; right-sided search
-    never picks a zero-probability token."""
-    cdf = probs.double().cumsum(dim=-1)
-    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64, device=probs.device)
-    tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
-    return tokens.squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+    return draw
 
 
 def greedy_sampler(logits: torch.Tensor, k: int):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -16,8 +17,7 @@ class KVCache:
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
         self.num_slots, self.max_len = num_slots, max_len
-        # zeros, not empty: masked positions still enter P @ V with weight 0, and 0 * NaN = NaN
-        self.kv = torch.zeros(num_layers, 2, num_slots, num_kv_heads, max_len, head_dim, dtype=dtype, device=device)
+        self.kv = zeros_on_demand((num_layers, 2, num_slots, num_kv_heads, max_len, head_dim), dtype, device)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -29,3 +29,20 @@ class KVCache:
 
     def nbytes(self) -> int:
         return self.kv.numel() * self.kv.element_size()
+
+
+def zeros_on_demand(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
+    """Zeros whose memory is committed only where written, on a CPU.
+
+    Zeros, not empty: masked positions still enter P @ V with weight 0, and 0 * NaN = NaN. numpy's
+    zeros come from calloc, which for large sizes maps fresh pages the kernel zeroes on first
+    touch, so a cache sized for the model's whole context (8,192 tokens) costs memory only for the
+    positions requests actually reach; torch.zeros would write (and commit) every byte at start.
+    """
+    try:
+        np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+    except TypeError:  # a dtype numpy lacks (bfloat16)
+        np_dtype = None
+    if torch.device(device).type != "cpu" or np_dtype is None:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return torch.from_numpy(np.zeros(shape, dtype=np_dtype))

@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from sglang_dspark.engine.sampling import SamplingParams
+
+FINISH_REASONS = ("stop", "length", "abort")
+
+
+class ContextLengthError(ValueError):
+    """A prompt plus its max_tokens does not fit the context (OpenAI's context_length_exceeded)."""
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The target's log-probability of one emitted token, and its `top` most likely alternatives
+    ((token id, logprob), most likely first), both from the target's own logits at that position."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass
@@ -17,9 +32,10 @@ class RequestOutput:
     token_ids: list[int]  # new tokens since the previous output of this request
     text: str  # new text since the previous output (stop strings already cut)
     finished: bool
-    finish_reason: str | None  # "stop" | "length" | "abort" | None
+    finish_reason: str | None  # one of FINISH_REASONS, or None while running
     prompt_tokens: int
     completion_tokens: int  # total so far
+    logprobs: list[TokenLogprob] | None = None  # one per new token when the request asked for them
 
 
 @dataclass
@@ -33,10 +49,10 @@ class Request:
     params: SamplingParams
     callback: Callable[[RequestOutput], None]
     generator: torch.Generator | None
+    arrival: float  # engine clock
     slot: int = -1
     tokens: list[int] = field(default_factory=list)
     kv_len: int = 0  # prefill progress, then the KV length
-    arrival: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
     finished: bool = False
     finish_reason: str | None = None
@@ -55,3 +71,11 @@ class Request:
     @property
     def output_ids(self) -> list[int]:
         return self.tokens[self.num_prompt :]
+
+    def speed(self, now: float) -> float | None:
+        """Tokens per second since the first token, (n - 1) / elapsed: the load tests' per-user
+        speed. None before a second token."""
+        n = len(self.output_ids)
+        if self.first_token_at is None or n < 2 or now <= self.first_token_at:
+            return None
+        return (n - 1) / (now - self.first_token_at)

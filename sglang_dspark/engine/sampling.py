@@ -11,6 +11,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sglang_dspark.core.sampling import inverse_cdf
+
+
+MAX_TOP_LOGPROBS = 20
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -21,6 +26,8 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     ignore_eos: bool = False
+    logprobs: bool = False  # return the target's logprob of every emitted token
+    top_logprobs: int = 0  # and its this many most likely alternatives (OpenAI allows up to 20)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -31,6 +38,8 @@ class SamplingParams:
             raise ValueError(f"top_p: must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k: must be >= 0, got {self.top_k}")
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs: must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
 
     @property
     def greedy(self) -> bool:
@@ -98,10 +107,8 @@ class SamplingBatch:
         return out
 
     def sample(self, probs: torch.Tensor) -> torch.Tensor:
-        """One token per row of probs [R, V] by inverse CDF with the row's own random number."""
-        cdf = torch.cumsum(probs, dim=-1)
-        u = self.uniform().unsqueeze(-1) * cdf[:, -1:]
-        return torch.searchsorted(cdf, u).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+        """One token per row of probs [R, V], each row with its own random number."""
+        return inverse_cdf(probs, self.uniform())
 
     def draft_sampler(self):
         """The drafter's per-position sampler: (logits [R, V], k) -> (tokens [R], probs [R, V])."""

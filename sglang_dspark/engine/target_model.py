@@ -17,9 +17,12 @@ from safetensors.torch import load_file
 from torch import nn
 
 from sglang_dspark.engine.kv_cache import KVCache
-from sglang_dspark.core.weight_layout import pack_linears_for_cpu
+from sglang_dspark.engine.weight_layout import pack_linears_for_cpu
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+# Positions past the model's context that a draft block may occupy: a request at the context's end
+# still verifies one block beyond it (those drafts are cut by max_tokens, never emitted).
+ROPE_HEADROOM = 64
 # rope types whose frequencies do not depend on the sequence length, so one table serves every call
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -43,7 +46,7 @@ def _head_dim(config) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
-def _rope_tables(config) -> tuple[torch.Tensor, torch.Tensor]:
+def _rope_tables(config, length: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin [max_positions, head_dim] in float32, the half-rotation layout HF uses."""
     params = dict(getattr(config, "rope_parameters", None) or {})
     rope_type = params.get("rope_type", "default")
@@ -57,7 +60,7 @@ def _rope_tables(config) -> tuple[torch.Tensor, torch.Tensor]:
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
         inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](config)
-    pos = torch.arange(config.max_position_embeddings, dtype=torch.float32)
+    pos = torch.arange(length, dtype=torch.float32)
     freqs = torch.outer(pos, inv_freq.float())
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos() * scale, emb.sin() * scale
@@ -148,7 +151,7 @@ class TargetModel(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         with torch.device("cpu"):  # stays real when the module is built under torch.device("meta")
-            cos, sin = _rope_tables(config)
+            cos, sin = _rope_tables(config, config.max_position_embeddings + ROPE_HEADROOM)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 

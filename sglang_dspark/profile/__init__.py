@@ -1,12 +1,7 @@
-"""Build, check and export SLA profiles (`python -m sglang_dspark.profile --help`).
+"""SLA profiles: the schema (schema.py), fingerprints (fingerprint.py), the shared summary and fit
+of measured steps (measure.py), capture in process (capture.py) or over HTTP (http_capture.py),
+launch-time resolution (resolve.py), plots (plot.py) and the CLI (cli.py)."""
 
-- `validate FILE [--model DIR --draft DIR]`: schema + semantic checks, optionally the fingerprint.
-- `export FILE --out DIR`: SGLang's JSON files for `--speculative-dspark-sps-table-path` and
-  `--speculative-dspark-confidence-sts-path`.
-- `capture-http --base-url URL`: measure a running SGLang-compatible server over HTTP.
-- `capture` (in-process, reference engine): `sglang_dspark.profile.capture`, when present.
+from sglang_dspark.profile.schema import ProfileError, SlaProfile, SlaTier
 
-The schema itself is `sglang_dspark.profiles`.
-"""
-
-from sglang_dspark.profiles import ProfileError, SlaProfile  # noqa: F401
+__all__ = ["ProfileError", "SlaProfile", "SlaTier"]

@@ -1,4 +1,4 @@
-"""Pieces every generation endpoint shares: ids, submission, usage."""
+"""Pieces every generation endpoint shares: the engine, ids, submission, usage."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import uuid
 from fastapi import Request
 from fastapi.responses import Response
 
+from sglang_dspark.engine.request import ContextLengthError
 from sglang_dspark.engine.sampling import SamplingParams
-from sglang_dspark.server.errors import from_value_error
+from sglang_dspark.server.errors import APIError, from_value_error
 from sglang_dspark.server.streams import RequestStream
 
 # nginx's "client closed request": logged for non-streaming requests whose client left.
@@ -25,6 +26,7 @@ def now() -> int:
 
 
 def engine_of(request: Request):
+    """The app's EngineClient (engine/protocol.py)."""
     return request.app.state.engine
 
 
@@ -35,7 +37,9 @@ def served_name(request: Request) -> str:
 def submit(engine, ids: list[int], params: SamplingParams, request_id: str, prompt_param: str) -> RequestStream:
     try:
         return RequestStream(engine, ids, params, request_id)
-    except ValueError as exc:  # the engine's own admission checks, e.g. the context limit
+    except ContextLengthError as exc:
+        raise APIError(400, str(exc), param=prompt_param, code="context_length_exceeded") from None
+    except ValueError as exc:  # the engine's other admission checks name their field
         raise from_value_error(exc, prompt_param) from None
 
 

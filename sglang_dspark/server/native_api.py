@@ -1,23 +1,32 @@
-"""SGLang's native endpoints: /generate, /server_info, /metrics, /flush_cache, /health, /set_internal_state."""
+"""SGLang's native endpoints: /generate, /server_info, /metrics, /health, /health_generate,
+/flush_cache, /set_internal_state."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse, Response
+from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from sglang_dspark.engine.sampling import SamplingParams
 from sglang_dspark.server.common import CLIENT_CLOSED, engine_of, new_id, submit
 from sglang_dspark.server.errors import APIError
+from sglang_dspark.server.logprobs import generate_logprobs
 from sglang_dspark.server.params import check_token_ids, generate_params
-from sglang_dspark.server.protocol import GenerateRequest
+from sglang_dspark.server.protocol import GenerateRequest, SetInternalStateRequest
 from sglang_dspark.server.streams import EventStreamResponse, RequestStream, collect, sse
 
 router = APIRouter()
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+HEALTH_GENERATE_TIMEOUT_S = 20.0  # SGLang's health check waits about as long for its one token
+# SGLang's ADMIN_OPTIONAL endpoints: the admin key (or, without one, the API key) opens them
+ADMIN_PATHS = frozenset({"/flush_cache", "/set_internal_state"})
 
 
 @router.get("/health")
@@ -25,10 +34,30 @@ async def health() -> Response:
     return Response(status_code=200)
 
 
+@router.get("/health_generate")
+async def health_generate(request: Request) -> Response:
+    """200 once the engine generated one token end to end, 503 when it cannot within the timeout."""
+    engine = engine_of(request)
+    ids = engine.tokenizer.encode("ping", add_special_tokens=False) or [0]
+    stream = RequestStream(engine, ids[:1], SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True),
+                           new_id("health"))
+    try:
+        async with asyncio.timeout(HEALTH_GENERATE_TIMEOUT_S):
+            async for out in stream:
+                if out.finished:
+                    break
+    except TimeoutError:
+        raise APIError(503, f"the engine generated no token within {HEALTH_GENERATE_TIMEOUT_S:g} s",
+                       type_="service_unavailable") from None
+    finally:
+        stream.close()
+    return Response(status_code=200)
+
+
 @router.get("/server_info")
 @router.get("/get_server_info")
 async def server_info(request: Request) -> dict:
-    return engine_of(request).server_info()
+    return await asyncio.wrap_future(engine_of(request).server_info())
 
 
 @router.get("/metrics")
@@ -36,14 +65,11 @@ async def metrics(request: Request) -> Response:
     return Response(engine_of(request).metrics.render(), headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
 
 
-@router.post("/flush_cache")
+@router.api_route("/flush_cache", methods=["GET", "POST"])
 async def flush_cache(request: Request) -> Response:
-    if not engine_of(request).flush_cache():
+    if not await asyncio.wrap_future(engine_of(request).flush_cache()):
         raise APIError(400, "cache not flushed: requests are running or waiting", code="engine_busy")
     return PlainTextResponse("Cache flushed.\n")
-
-
-INTERNAL_STATE_KEYS = ("dspark_force_budget_frac", "dspark_clear_info_records")
 
 
 @router.api_route("/set_internal_state", methods=["POST", "PUT"])
@@ -55,28 +81,22 @@ async def set_internal_state(request: Request) -> dict:
         body = await request.json()
     except ValueError:
         raise APIError(400, "malformed JSON body", param="server_args") from None
-    args = body.get("server_args") if isinstance(body, dict) else None
-    if not isinstance(args, dict) or not args:
-        raise APIError(400, "server_args: a non-empty object is required", param="server_args")
-    for key in args:
-        if key not in INTERNAL_STATE_KEYS:
-            raise APIError(400, f"server_args.{key}: not supported (supported: {', '.join(INTERNAL_STATE_KEYS)})",
-                           param=f"server_args.{key}")
-    frac = args.get("dspark_force_budget_frac")
-    if "dspark_force_budget_frac" in args and frac is not None:
-        if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0.0 <= frac <= 1.0:
-            raise APIError(400, f"server_args.dspark_force_budget_frac: must be a number in [0, 1] or null, got {frac!r}",
-                           param="server_args.dspark_force_budget_frac")
-    clear = args.get("dspark_clear_info_records", False)
-    if not isinstance(clear, (bool, int)):
-        raise APIError(400, "server_args.dspark_clear_info_records: must be a boolean",
-                       param="server_args.dspark_clear_info_records")
-    engine = engine_of(request)
-    if "dspark_force_budget_frac" in args:
-        engine.forced_budget_frac = None if frac is None else float(frac)
-    if clear:
-        engine.records.clear()
-    return {"updated": True, "server_args": {"dspark_force_budget_frac": engine.forced_budget_frac}}
+    if isinstance(body, dict) and "server_args" not in body:
+        raise APIError(400, 'body: expected SGLang\'s shape {"server_args": {"dspark_force_budget_frac": ...}}, '
+                            f"got top-level keys {sorted(body)}", param="server_args")
+    try:
+        args = SetInternalStateRequest.model_validate(body).server_args
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors()) from None
+    frac = args.dspark_force_budget_frac
+    if frac is not None and not 0.0 <= frac <= 1.0:
+        raise APIError(400, f"server_args.dspark_force_budget_frac: must be in [0, 1] or null, got {frac}",
+                       param="server_args.dspark_force_budget_frac")
+    given = args.model_fields_set
+    future = engine_of(request).set_internal_state(
+        force_budget_frac=frac if "dspark_force_budget_frac" in given else ...,
+        clear_records=args.dspark_clear_info_records)
+    return {"updated": True, "server_args": {"dspark_force_budget_frac": await asyncio.wrap_future(future)}}
 
 
 @router.post("/generate")
@@ -89,30 +109,40 @@ async def generate(body: GenerateRequest, request: Request):
     else:
         text_ids = await run_in_threadpool(engine.tokenizer.encode, body.text) if body.text else []
         ids = check_token_ids(text_ids, len(engine.tokenizer), "text")
-    params = generate_params(body.sampling_params, engine.max_len - len(ids))
+    params = generate_params(body, engine.max_len - len(ids))
     start = time.perf_counter()
     stream = submit(engine, ids, params, body.rid or new_id("gen"), "input_ids" if body.input_ids else "text")
+    shape = _GenerateShape(engine.tokenizer, body, start)
     if body.stream:
-        return EventStreamResponse(_generate_chunks(stream, start), stream.close)
+        return EventStreamResponse(_generate_chunks(stream, shape), stream.close)
     outputs = await collect(request, stream)
     if outputs is None:
         return CLIENT_CLOSED
-    text, output_ids = "".join(o.text for o in outputs), [t for o in outputs for t in o.token_ids]
-    return _generate_body(stream.request_id, text, output_ids, outputs[-1], start)
+    return shape.body(stream.request_id, outputs)
 
 
-def _generate_body(rid: str, text: str, output_ids: list[int], last, start: float) -> dict:
-    reason = {"type": last.finish_reason} if last.finish_reason else None
-    meta = {"id": rid, "prompt_tokens": last.prompt_tokens, "completion_tokens": last.completion_tokens,
-            "finish_reason": reason, "e2e_latency": time.perf_counter() - start}
-    return {"text": text, "output_ids": output_ids, "meta_info": meta}
+class _GenerateShape:
+    """SGLang's /generate body: the text and ids so far, and meta_info."""
+
+    def __init__(self, tokenizer, request: GenerateRequest, start: float):
+        self.tokenizer, self.request, self.start = tokenizer, request, start
+
+    def body(self, rid: str, outputs: list) -> dict:
+        last = outputs[-1]
+        reason = {"type": last.finish_reason} if last.finish_reason else None
+        meta = {"id": rid, "prompt_tokens": last.prompt_tokens, "completion_tokens": last.completion_tokens,
+                "finish_reason": reason, "e2e_latency": time.perf_counter() - self.start}
+        if self.request.return_logprob:
+            items = [item for o in outputs for item in (o.logprobs or [])]
+            meta.update(generate_logprobs(self.tokenizer, items, self.request.top_logprobs_num,
+                                          self.request.return_text_in_logprobs))
+        return {"text": "".join(o.text for o in outputs), "output_ids": [t for o in outputs for t in o.token_ids],
+                "meta_info": meta}
 
 
-async def _generate_chunks(stream: RequestStream, start: float) -> AsyncIterator[str]:
-    # SGLang streams the text and ids so far in every chunk, not deltas
-    text, output_ids = "", []
+async def _generate_chunks(stream: RequestStream, shape: _GenerateShape) -> AsyncIterator[str]:
+    outputs = []  # SGLang streams everything so far in every chunk, not deltas
     async for out in stream:
-        text += out.text
-        output_ids += out.token_ids
-        yield sse(_generate_body(stream.request_id, text, output_ids, out, start))
+        outputs.append(out)
+        yield sse(shape.body(stream.request_id, outputs))
     yield sse("[DONE]")

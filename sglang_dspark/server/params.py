@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from starlette.concurrency import run_in_threadpool
 
-from sglang_dspark.engine.sampling import SamplingParams
+from sglang_dspark.engine.sampling import MAX_TOP_LOGPROBS, SamplingParams
 from sglang_dspark.server.errors import APIError, from_value_error
-from sglang_dspark.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateSamplingParams, _Sampling
+from sglang_dspark.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest, _Sampling
 
 DEFAULT_MAX_TOKENS = SamplingParams().max_tokens  # SGLang's /generate default
 
@@ -37,14 +37,34 @@ def _default_max_tokens(room: int) -> int:
     return max(1, min(DEFAULT_MAX_TOKENS, room))
 
 
+def _top(count: int | None, param: str) -> int:
+    if count is not None and not 0 <= count <= MAX_TOP_LOGPROBS:
+        raise APIError(400, f"{param}: must be in [0, {MAX_TOP_LOGPROBS}], got {count}", param=param)
+    return count or 0
+
+
+def _logprob_request(body: _Sampling) -> tuple[bool, int]:
+    """(return logprobs, alternatives per token) from OpenAI's chat or completions fields."""
+    if isinstance(body, ChatCompletionRequest):
+        if body.top_logprobs is not None and not body.logprobs:
+            raise APIError(400, "top_logprobs: needs logprobs: true", param="top_logprobs")
+        return body.logprobs, _top(body.top_logprobs, "top_logprobs")
+    return body.logprobs is not None, _top(body.logprobs, "logprobs")
+
+
 def openai_params(body: _Sampling, room: int) -> SamplingParams:
     if body.n not in (None, 1):
         raise APIError(400, f"n: only n=1 is supported, got {body.n}", param="n")
+    if isinstance(body, CompletionRequest) and body.echo:
+        raise APIError(400, "echo: not supported (the completion does not repeat the prompt)", param="echo")
     max_tokens = body.max_tokens
     if isinstance(body, ChatCompletionRequest) and body.max_completion_tokens is not None:
         max_tokens = body.max_completion_tokens
+    logprobs, top = _logprob_request(body)
     return _build(
         {},
+        logprobs=logprobs,
+        top_logprobs=top,
         max_tokens=_default_max_tokens(room) if max_tokens is None else max_tokens,
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
@@ -55,9 +75,15 @@ def openai_params(body: _Sampling, room: int) -> SamplingParams:
     )
 
 
-def generate_params(sp: GenerateSamplingParams, room: int) -> SamplingParams:
+def generate_params(body: GenerateRequest, room: int) -> SamplingParams:
+    sp = body.sampling_params
+    if body.logprob_start_len != -1:
+        raise APIError(400, "logprob_start_len: prompt logprobs are not supported; use -1 (output tokens only)",
+                       param="logprob_start_len")
     return _build(
         {"max_tokens": "max_new_tokens"},
+        logprobs=body.return_logprob,
+        top_logprobs=_top(body.top_logprobs_num, "top_logprobs_num") if body.return_logprob else 0,
         max_tokens=_default_max_tokens(room) if sp.max_new_tokens is None else sp.max_new_tokens,
         temperature=sp.temperature,
         top_p=sp.top_p,

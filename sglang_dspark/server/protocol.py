@@ -3,12 +3,14 @@ silent coercion); unknown fields are ignored, as OpenAI clients send many we do 
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, Strict, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Strict, StrictBool, StrictInt, StrictStr
 
 Float = Annotated[float, Strict()]  # accepts ints, rejects strings and booleans
 Stop = StrictStr | list[StrictStr] | None
+# OpenAI's chat roles; the chat template decides what it makes of each
+Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
 
 class StreamOptions(BaseModel):
@@ -34,18 +36,23 @@ class TextPart(BaseModel):
     text: StrictStr | None = None
 
 
-class ChatMessage(BaseModel, extra="allow"):  # extra: name, tool_calls, ... go to the template
-    role: StrictStr
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")  # name, tool_calls, ... go to the template
+    role: Role
     content: StrictStr | list[TextPart] | None = None
 
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage]
     max_completion_tokens: StrictInt | None = None
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = None  # 0-20, needs logprobs
 
 
 class CompletionRequest(_Sampling):
     prompt: StrictStr | list[StrictInt] | list[StrictStr]
+    logprobs: StrictInt | None = None  # the number of alternatives (0-20); None: no logprobs
+    echo: StrictBool = False
 
 
 class GenerateSamplingParams(BaseModel):
@@ -64,3 +71,20 @@ class GenerateRequest(BaseModel):
     sampling_params: GenerateSamplingParams = GenerateSamplingParams()
     stream: StrictBool = False
     rid: StrictStr | None = None
+    return_logprob: StrictBool = False
+    top_logprobs_num: StrictInt = 0
+    logprob_start_len: StrictInt = -1  # SGLang's default: output tokens only
+    return_text_in_logprobs: StrictBool = False
+
+
+class InternalStateArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    dspark_force_budget_frac: Annotated[float, Strict()] | None = None
+    dspark_clear_info_records: StrictBool = False
+
+
+class SetInternalStateRequest(BaseModel):
+    """SGLang's shape: {"server_args": {...}}."""
+
+    model_config = ConfigDict(extra="forbid")
+    server_args: InternalStateArgs

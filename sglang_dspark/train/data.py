@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from sglang_dspark.train.prompts import split_prompts
+from sglang_dspark.prompts import chat_ids, load_prompts
 
 
 def load_target(target_dir: str | os.PathLike, dtype=torch.float32):
@@ -34,13 +34,6 @@ def load_target(target_dir: str | os.PathLike, dtype=torch.float32):
     return model, tokenizer
 
 
-def chat_prompt_ids(tokenizer, prompt: str) -> list[int]:
-    return tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True,
-        return_dict=False,
-    )
-
-
 @torch.no_grad()
 def generate_with_features(model, tokenizer, records, layer_ids, *, max_new_tokens, temperature,
                            batch_size, seed):
@@ -51,7 +44,7 @@ def generate_with_features(model, tokenizer, records, layer_ids, *, max_new_toke
     out_records = {"sequences": [], "prompt_lens": [], "domains": [], "context": [], "final": []}
     for start in tqdm(range(0, len(records), batch_size), desc="generate", unit="batch"):
         batch = records[start : start + batch_size]
-        prompts = [chat_prompt_ids(tokenizer, r["prompt"]) for r in batch]
+        prompts = [chat_ids(tokenizer, r.prompt) for r in batch]
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
         attention = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -79,7 +72,7 @@ def generate_with_features(model, tokenizer, records, layer_ids, *, max_new_toke
             lo, hi = width - len(p), width - len(p) + n - 1
             out_records["sequences"].append(torch.tensor(p + response, dtype=torch.long))
             out_records["prompt_lens"].append(len(p))
-            out_records["domains"].append(batch[i]["domain"])
+            out_records["domains"].append(batch[i].domain)
             out_records["context"].append(context[i, lo:hi].half().clone())
             out_records["final"].append(final[i, lo:hi].half().clone())
     out_records["layer_ids"] = list(layer_ids)
@@ -101,7 +94,7 @@ def prepare_dataset(
     Generation is saved batch by batch, so an interrupted run resumes where it stopped."""
     cache = Path(cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
-    records = split_prompts("train") * samples_per_prompt
+    records = load_prompts("builtin:train") * samples_per_prompt
     key = _key(target=os.path.abspath(str(target_dir)), n=len(records), max_new=max_new_tokens,
                temp=temperature, seed=seed, layers=list(layer_ids), batch=batch_size,
                samples=samples_per_prompt)

@@ -8,7 +8,7 @@ decode, short verifies) run up to 20 % slower than row-major does. So a packed L
 row-major for 1-3 rows, input-major from 4 (benchmarks/target_forward.py measures both). Values,
 shapes and state-dict names are unchanged. The cost is a second copy of every Linear weight (538 MB
 for SmolLM2-135M in float32). GPU weights are left alone: there SGLang (or cuBLAS) chooses its
-own layout.
+own layout. The engine packs both models it runs, the target and the drafter.
 """
 
 from __future__ import annotations
@@ -60,3 +60,14 @@ def pack_linears_for_cpu(module: nn.Module) -> int:
         linear.weight = nn.Parameter(input_major(row_major), requires_grad=linear.weight.requires_grad)
         changed += 1
     return changed
+
+
+@torch.no_grad()
+def pack_drafter_for_cpu(drafter) -> None:
+    """Pack a DSpark drafter: its Linear layers, and the shared lm_head buffer (and the rows of a
+    hot draft vocabulary), whose [R * gamma, V] logits GEMM is the drafter's largest."""
+    pack_linears_for_cpu(drafter)
+    for name in ("lm_head_weight", "_vocab_lm_head", "_vocab_markov_w2"):
+        weight = getattr(drafter, name, None)
+        if weight is not None and weight.device.type == "cpu":
+            setattr(drafter, name, input_major(weight))

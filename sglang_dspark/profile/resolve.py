@@ -7,12 +7,10 @@ listing every difference, unless forced (then it is only logged).
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 
-from sglang_dspark.profiles import ProfileError, SlaProfile, SlaTier, check_fingerprint
-
-logger = logging.getLogger(__name__)
+from sglang_dspark.profile.fingerprint import check, require_match
+from sglang_dspark.profile.schema import ProfileError, SlaProfile, SlaTier
 
 
 @dataclass(frozen=True)
@@ -29,20 +27,15 @@ class LaunchProfile:
 
 
 def resolve_profile(path: str, *, engine: str, model: str, draft: str | None, force: bool = False,
-                    tier: str | None = None) -> LaunchProfile:
+                    tier: str | None = None, tp: int = 1, dp: int = 1) -> LaunchProfile:
     """Load `path`, check its fingerprint against `engine` / `model` / `draft` and this machine, and
     pick `tier`. ProfileError (one line) on any problem; with `force` a fingerprint mismatch is a
     logged warning instead."""
     profile = SlaProfile.load(path)
     try:
         chosen = profile.tier(tier) if tier is not None else None
-    except ProfileError as exc:  # "<name>: sla_tiers: ..." -> "<path>: sla_tiers: ..."
-        raise ProfileError(f"{path}: --sla-tier {tier}: {str(exc).split(': ', 1)[1]}") from None
-    lines = check_fingerprint(profile, engine=engine, target_dir=model, draft_dir=draft)
-    if lines and not force:
-        raise ProfileError(f"{path}: fingerprint does not match this launch (--force-profile to use it anyway): "
-                           + "; ".join(lines))
-    if lines:
-        logger.warning("profile %s does not match this launch, used anyway (--force-profile): %s", path,
-                       "; ".join(lines))
+    except ProfileError as exc:
+        raise ProfileError(f"{path}: --sla-tier {tier}: {exc}") from None
+    lines = check(profile, engine=engine, target_dir=model, draft_dir=draft, tp=tp, dp=dp)
+    require_match(path, lines, force=force, hint=" this launch (--force-profile to use it anyway)")
     return LaunchProfile(str(path), profile, chosen, lines)

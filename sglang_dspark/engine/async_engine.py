@@ -1,0 +1,141 @@
+"""The engine on its own thread: the only place engine state is touched from outside.
+
+Servers and benchmarks talk to `AsyncEngine` (it implements engine/protocol.py's EngineClient).
+Requests, aborts and runtime knobs travel through one inbox the engine thread drains between
+steps; a call that needs an answer (server info, knobs, flush) carries a Future. Request outputs
+come back through each request's callback, on the engine thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from sglang_dspark.engine.engine import Engine
+from sglang_dspark.engine.request import RequestOutput
+from sglang_dspark.engine.sampling import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+IDLE_WAIT_S = 0.5  # how long an idle engine thread blocks on the inbox before checking for stop
+
+
+class AsyncEngine:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._ids = itertools.count()
+
+    # ---- what the server reads (immutable after construction) ----------------------------------
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def model_name(self) -> str:
+        return self.engine.model_name
+
+    @property
+    def max_len(self) -> int:
+        return self.engine.max_len
+
+    @property
+    def metrics(self):
+        return self.engine.metrics  # prometheus_client's collectors are thread-safe
+
+    # ---- requests ------------------------------------------------------------------------------
+    def submit(self, prompt_ids, params: SamplingParams, callback: Callable[[RequestOutput], None],
+               request_id: str | None = None) -> str:
+        """Queue a request; ValueError (naming the field) when the engine would refuse it."""
+        prompt_ids = [int(t) for t in prompt_ids]
+        self.engine.validate(prompt_ids, params)
+        rid = request_id or f"req-{next(self._ids)}"
+        self._inbox.put(lambda e: e.submit(prompt_ids, params, callback, rid))
+        return rid
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(lambda e: e.abort(request_id))
+
+    def call(self, fn: Callable[[Engine], T]) -> Future:
+        """Run fn(engine) on the engine thread between steps; its result (or error) in a Future."""
+        future: Future = Future()
+
+        def run(engine: Engine) -> None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(engine))
+                except Exception as exc:  # the caller gets it, the engine keeps running
+                    future.set_exception(exc)
+
+        self._inbox.put(run)
+        return future
+
+    def server_info(self) -> Future:
+        return self.call(Engine.server_info)
+
+    def set_internal_state(self, force_budget_frac: Any = ..., clear_records: bool = False) -> Future:
+        """SGLang's runtime knobs: the forced verify budget (None: the planner's; `...`: unchanged)
+        and clearing the step records. The Future holds the resulting forced budget."""
+        def apply(engine: Engine):
+            if force_budget_frac is not ...:
+                engine.set_forced_budget(force_budget_frac)
+            if clear_records:
+                engine.records.clear()
+            return engine.policy.forced_budget_frac
+
+        return self.call(apply)
+
+    def flush_cache(self) -> Future:
+        return self.call(Engine.flush_cache)
+
+    # ---- the thread ----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="dspark-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop the thread after the current step; requests still running end with "abort"."""
+        self._stop.set()
+        self._inbox.put(lambda e: None)  # wake an idle thread
+        if self._thread is not None:
+            self._thread.join(timeout=timeout)
+        self._thread = None
+        self._drain()
+        self.engine.abort_all()
+
+    def _loop(self) -> None:
+        engine = self.engine
+        while not self._stop.is_set():
+            self._drain(wait=IDLE_WAIT_S if engine.idle else 0.0)
+            if engine.idle:
+                engine.update_gauges()  # an abort can empty the engine: the gauges say so at once
+                continue
+            try:
+                engine.step()
+            except Exception:  # a failed step must not strand clients: end its requests loudly
+                logger.exception("engine step failed; aborting running requests")
+                for req in list(engine.scheduler.running):
+                    engine.abort(req.id)
+
+    def _drain(self, wait: float = 0.0) -> None:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                item = self._inbox.get(timeout=max(0.0, deadline - time.monotonic())) if wait else self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                item(self.engine)
+            except Exception:  # a bad inbox item must not stop the engine thread
+                logger.exception("engine inbox item failed")
+            wait = 0.0  # after the first item, take only what is already there

@@ -1,0 +1,55 @@
+"""Engines from model directories on disk: the one place that loads a target, its tokenizer and
+a drafter, and packs their weights for the CPU."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from sglang_dspark.core.sps import SpsTable
+from sglang_dspark.engine.engine import Engine, EngineConfig
+from sglang_dspark.engine.target_model import TargetModel
+from sglang_dspark.engine.weight_layout import pack_drafter_for_cpu
+
+logger = logging.getLogger(__name__)
+
+
+def load_models(model_dir, draft_dir=None, *, draft_vocab: bool = True):
+    """(TargetModel, tokenizer, drafter or None): the drafter shares the target's embedding and
+    lm_head; with `draft_vocab` it drafts from its hot vocabulary when it ships one."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # directories only, never a hub
+    from transformers import AutoTokenizer
+
+    from sglang_dspark.drafter.checkpoint import load_drafter
+
+    target = TargetModel.from_pretrained(str(model_dir))
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    drafter = None
+    if draft_dir is not None:
+        drafter = load_drafter(draft_dir, target.embed_tokens, target.lm_head, draft_vocab=draft_vocab)
+        pack_drafter_for_cpu(drafter)
+    return target, tokenizer, drafter
+
+
+def build_engine(model_dir, draft_dir=None, *, config: EngineConfig | None = None, sps: SpsTable | None = None,
+                 sts: torch.Tensor | None = None, model_name: str | None = None, draft_vocab: bool = True) -> Engine:
+    """An engine over the models in `model_dir` (and `draft_dir`, which every mode but "target"
+    needs). `sps` / `sts`: the SPS table and STS temperatures (a profile's), else a flat table and
+    uncalibrated confidences."""
+    config = config or EngineConfig()
+    if config.mode != "target" and draft_dir is None:
+        raise ValueError(f"mode {config.mode!r} needs a drafter directory")
+    torch.manual_seed(config.seed)
+    target, tokenizer, drafter = load_models(model_dir, draft_dir if config.mode != "target" else None,
+                                             draft_vocab=draft_vocab)
+    engine = Engine(target, tokenizer, drafter, config=config, sps=sps, sts_temperatures=sts,
+                    model_name=model_name or os.path.basename(os.path.normpath(str(model_dir))))
+    vocab = getattr(drafter, "draft_vocab", None)
+    logger.info("reference engine: target=%s draft=%s (draft vocabulary: %s) mode=%s sps=%s sts=%s "
+                "context=%d tokens, %d slots, KV cache up to %.2f GiB (committed as used)",
+                model_dir, draft_dir, "full" if vocab is None else f"{vocab.numel()} hot tokens", config.mode,
+                "flat" if sps is None or sps.is_flat else "profiled", "yes" if sts is not None else "none",
+                engine.max_len, config.max_running, engine.runner.kv_bytes() / 2**30)
+    return engine

@@ -1,0 +1,82 @@
+"""The two models over their caches: prefill chunks, draft blocks, one ragged verify forward.
+
+The runner owns the target's KV cache and the drafter's context cache and keeps them in step: every
+position the target commits becomes drafter context (staged; the drafter projects it when it next
+drafts). It knows nothing of requests' sampling or outcomes; the engine decides what to run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sglang_dspark.engine.kv_cache import zeros_on_demand
+from sglang_dspark.engine.target_model import ForwardOutput, Segment, TargetModel
+
+
+@dataclass(frozen=True)
+class DecodeRow:
+    """One request of a decode step: its KV slot, the position of its anchor and the anchor."""
+
+    slot: int
+    anchor_pos: int
+    anchor: int
+
+
+class ModelRunner:
+    def __init__(self, target: TargetModel, drafter, max_running: int, max_len: int):
+        self.target, self.drafter = target, drafter
+        self.cache = target.new_kv_cache(max_running, max_len)
+        self.gamma = drafter.gamma if drafter is not None else 0
+        if drafter is not None:
+            from sglang_dspark.drafter.model import DraftKVCache
+
+            self.draft_cache = DraftKVCache(drafter, max_running, max_len, zeros=zeros_on_demand)
+            self.capture = tuple(drafter.config.target_layer_ids)
+        else:
+            self.draft_cache, self.capture = None, ()
+
+    def kv_bytes(self) -> int:
+        """Bytes the caches take once every position of every slot is written."""
+        total = self.cache.nbytes()
+        if self.draft_cache is not None:
+            total += self.draft_cache.k.numel() * self.draft_cache.k.element_size() * 2
+        return total
+
+    def prefill(self, chunks: list[tuple[int, int, list[int]]]) -> torch.Tensor:
+        """Run prompt chunks (slot, start, token ids); logits [len(chunks), V] of each chunk's last
+        token. Their hidden states become drafter context."""
+        segments = [Segment(slot, start, torch.tensor(tokens)) for slot, start, tokens in chunks]
+        out = self.target.forward_segments(segments, self.cache, capture_layers=self.capture, logits_for="last")
+        if self.draft_cache is not None:
+            offset = 0
+            for seg in segments:
+                n = len(seg.tokens)
+                self.draft_cache.append(seg.slot, torch.arange(seg.start, seg.start + n), out.hidden[offset : offset + n])
+                offset += n
+        return out.logits
+
+    def draft(self, rows: list[DecodeRow], sampler):
+        """One block of gamma drafts per row (drafter.DraftOutput)."""
+        return self.drafter.draft(self.draft_cache, [r.slot for r in rows], torch.tensor([r.anchor for r in rows]),
+                                  torch.tensor([r.anchor_pos for r in rows]), sampler=sampler)
+
+    def verify_forward(self, rows: list[DecodeRow], drafts: torch.Tensor | None, lens: torch.Tensor) -> ForwardOutput:
+        """One ragged target forward over each row's anchor and its first lens[r] drafts:
+        logits [sum(1 + lens), V] in row order."""
+        segments = []
+        for i, r in enumerate(rows):
+            tokens = torch.tensor([r.anchor])
+            if drafts is not None and lens[i]:
+                tokens = torch.cat([tokens, drafts[i, : lens[i]]])
+            segments.append(Segment(r.slot, r.anchor_pos, tokens))
+        return self.target.forward_segments(segments, self.cache, capture_layers=self.capture)
+
+    def commit(self, row: DecodeRow, num_accepted: int, hidden: torch.Tensor | None) -> None:
+        """The anchor and `num_accepted` drafts are now committed: their hidden states (rows of
+        `hidden`, anchor first) extend the drafter's context. The target's cache needs nothing:
+        rejected positions are past the KV length and are overwritten later."""
+        if self.draft_cache is not None:
+            positions = torch.arange(row.anchor_pos, row.anchor_pos + num_accepted + 1)
+            self.draft_cache.append(row.slot, positions, hidden[: num_accepted + 1])

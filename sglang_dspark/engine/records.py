@@ -1,0 +1,54 @@
+"""Per-step records, the shape SGLang's `/server_info` gives them
+(`internal_states[0].dspark_info_record.records`), so one profiler reads both servers."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    bs: int  # requests in the decode step
+    budget: int  # the policy's verify capacity (drafts)
+    num_verify_tokens: int  # requests + verified drafts
+    accepted_drafts: int
+    drafted: bool  # whether the drafter ran
+    predicted_step_ms: float | None  # what the SPS table priced the step at
+    step_ms: float  # measured: draft + verify forward + verification + commit
+    draft_ms: float
+    target_verify_ms: float
+    time: float  # wall clock (seconds since the epoch) when the step ended
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class StepRecords:
+    """The last `maxlen` decode steps, oldest first; `total` counts every step ever recorded."""
+
+    def __init__(self, maxlen: int):
+        self._records: deque[StepRecord] = deque(maxlen=maxlen)
+        self.total = 0
+
+    def append(self, record: StepRecord) -> None:
+        self._records.append(record)
+        self.total += 1
+
+    def clear(self) -> None:
+        self._records.clear()
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __iter__(self):
+        return iter(self._records)
+
+    def since(self, total: int) -> list[StepRecord]:
+        """The records of the steps after the first `total` (a caller remembers `.total`, runs
+        steps, then asks), as far as they are still kept."""
+        first_kept = self.total - len(self._records)
+        return list(self._records)[max(0, total - first_kept):]
+
+    def as_dicts(self) -> list[dict]:
+        return [r.to_dict() for r in self._records]

@@ -1,0 +1,52 @@
+"""Verification of one decode step: each request's drafts against the target's ragged logits.
+
+Greedy requests compare argmaxes; sampled ones run rejection sampling against the distribution
+each draft was drawn from, processed with the request's own temperature / top-k / top-p. Seeded
+requests draw from their own generator, so their output does not depend on the batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sglang_dspark.core.verify import verify_chain, verify_chain_greedy, verify_chain_greedy_argmax
+from sglang_dspark.engine.sampling import SamplingBatch
+
+
+def pad_rows(rows: torch.Tensor, lens: torch.Tensor, width: int) -> torch.Tensor:
+    """Ragged rows [sum(1 + l_r), ...] -> [R, width + 1, ...]; padding rows are never read."""
+    padded = rows.new_zeros(lens.numel(), width + 1, *rows.shape[1:])
+    padded[torch.arange(width + 1).unsqueeze(0) <= lens.unsqueeze(1)] = rows
+    return padded
+
+
+def verify_step(batch: SamplingBatch, drafts: torch.Tensor | None, draft_probs: torch.Tensor | None,
+                ragged_logits: torch.Tensor, lens: torch.Tensor, shared: torch.Generator
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(accepted drafts [R], next token [R]) for ragged logits [sum(1 + lens), V]."""
+    R = lens.numel()
+    width = int(lens.max()) if R else 0
+    if width == 0:  # nothing to verify (one row per request): sample the next token from it
+        return torch.zeros(R, dtype=torch.int64), batch.sample(batch.probs(ragged_logits))
+    drafts, draft_probs = drafts[:, :width], draft_probs[:, :width]
+    greedy = batch.greedy
+    if bool(greedy.all()):  # argmax before padding: pad [T] ids, not [T, V] logits
+        argmax = pad_rows(ragged_logits.argmax(-1), lens, width)
+        return verify_chain_greedy_argmax(drafts, argmax, lens)
+    num_acc = torch.zeros(R, dtype=torch.int64)
+    nxt = torch.zeros(R, dtype=torch.int64)
+    logits = pad_rows(ragged_logits, lens, width)  # [R, width + 1, V]
+    if greedy.any():
+        g = greedy.nonzero().squeeze(-1)
+        num_acc[g], nxt[g] = verify_chain_greedy(drafts[g], logits[g], lens[g])
+    target_probs = batch.probs(logits)
+    # Unseeded sampled rows share one vectorised call; a seeded row uses its own generator.
+    unseeded = [i for i in range(R) if not greedy[i] and batch.generators[i] is None]
+    groups = [(unseeded, shared)] + [([i], batch.generators[i]) for i in range(R)
+                                     if not greedy[i] and batch.generators[i] is not None]
+    for rows, gen in groups:
+        if rows:
+            idx = torch.tensor(rows)
+            num_acc[idx], nxt[idx] = verify_chain(drafts[idx], draft_probs[idx], target_probs[idx], lens[idx],
+                                                  generator=gen)
+    return num_acc, nxt

@@ -1,0 +1,284 @@
+"""`python -m sglang_dspark.profile`: capture, check, refit and export SLA profiles.
+
+    capture       --model M [--draft DIR] --out FILE     SPS(B) of the reference engine, in process
+    capture-http  --base-url URL --out FILE              any SGLang-compatible server, over HTTP
+    validate      FILE [--model DIR --draft DIR]         schema, semantics, fingerprint
+    export        FILE --out DIR                         SGLang's --speculative-dspark-*-path files
+    refit         FILE [--out FILE]                      the tables again from the measurements
+    set-sts       FILE (--sts JSON | --clear)            embed or remove the drafter's STS
+
+Errors are one line on stderr, `error: <file>: <reason naming the field>`, exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import socket
+import sys
+from pathlib import Path
+
+from sglang_dspark.profile.schema import ProfileError, SlaProfile, SlaTier
+
+EXIT_ERROR = 2
+HELP = argparse.ArgumentDefaultsHelpFormatter
+
+
+def _command_line() -> str:
+    return shlex.join(["python", "-m", "sglang_dspark.profile", *sys.argv[1:]])
+
+
+def _csv(kind):
+    """An argparse type for comma-separated values of `kind`."""
+    def parse(text: str) -> list:
+        try:
+            return [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__} values, got {text!r}") from None
+    return parse
+
+
+# -- validate ------------------------------------------------------------------------------------
+def _add_validate(sub) -> None:
+    p = sub.add_parser("validate", formatter_class=HELP,
+                       help="check a profile (schema, semantics, and with --model/--draft its fingerprint)",
+                       description="Exit 0 with a one-line summary for a valid profile; exit 2 with one line naming "
+                                   "the field otherwise.")
+    p.add_argument("file", type=Path, metavar="FILE", help="the SLA profile YAML")
+    p.add_argument("--model", metavar="DIR", help="target model directory: check its content hash, the hardware and "
+                                                  "library versions against the fingerprint")
+    p.add_argument("--draft", metavar="DIR", help="drafter directory: check its content hash and gamma against the "
+                                                  "fingerprint")
+    p.add_argument("--engine", choices=("reference", "sglang"), help="also require the profile to be for this engine")
+    p.set_defaults(func=_run_validate)
+
+
+def _run_validate(args) -> int:
+    from sglang_dspark.profile.fingerprint import check, require_match
+
+    profile = SlaProfile.load(args.file)
+    if args.model or args.draft or args.engine:
+        fp = profile.fingerprint
+        lines = check(profile, engine=args.engine or fp.engine, target_dir=args.model, draft_dir=args.draft,
+                      tp=fp.tp, dp=fp.dp)
+        require_match(str(args.file), lines, force=False)
+    checked = " (fingerprint matches)" if args.model or args.draft else ""
+    print(f"ok {args.file}: {profile.summary()}{checked}")
+    return 0
+
+
+# -- export ----------------------------------------------------------------------------------------
+def _add_export(sub) -> None:
+    p = sub.add_parser("export", formatter_class=HELP, help="write SGLang's SPS table and STS JSON files from a profile",
+                       description="Writes sps_table.json (the additive table when the profile has one, else the "
+                                   "cost table) and sts_calibration.json (when the profile has STS), for SGLang's "
+                                   "--speculative-dspark-sps-table-path and --speculative-dspark-confidence-sts-path.")
+    p.add_argument("file", type=Path, metavar="FILE", help="the SLA profile YAML")
+    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="directory to write the JSON files into")
+    p.set_defaults(func=_run_export)
+
+
+def _run_export(args) -> int:
+    sps, sts = SlaProfile.load(args.file).export_sglang(args.out)
+    print(f"--speculative-dspark-sps-table-path {sps}")
+    if sts is not None:
+        print(f"--speculative-dspark-confidence-sts-path {sts}")
+    return 0
+
+
+# -- refit -----------------------------------------------------------------------------------------
+def _add_refit(sub) -> None:
+    p = sub.add_parser("refit", formatter_class=HELP,
+                       help="refit a profile's SPS tables from its recorded measurements (after a fitter change)",
+                       description="Re-derives sps.cost, sps.additive and sps.draft_skip_seconds from "
+                                   "sps.measurements, keeps everything else, and redraws the plot.")
+    p.add_argument("file", type=Path, metavar="FILE", help="the SLA profile YAML")
+    p.add_argument("--out", type=Path, metavar="FILE", help="where to write the refitted profile (default: in place)")
+    p.set_defaults(func=_run_refit)
+
+
+def _run_refit(args) -> int:
+    from sglang_dspark.profile.measure import fit_section
+    from sglang_dspark.profile.plot import plot_profile
+
+    profile = SlaProfile.load(args.file)
+    if not profile.sps.measurements:
+        raise ProfileError(f"{args.file}: sps.measurements: empty, nothing to refit")
+    section = fit_section(profile.sps.measurements, profile.sps.cost.max_batch_tokens,
+                          skips_drafter_at_budget_0=profile.fingerprint.engine == "reference")
+    out = args.out or args.file
+    profile.replaced(sps=section).save(out)
+    plot_profile(section.measurements, section.table(), out.with_suffix(".png"), f"SPS(B): {profile.name}")
+    print(f"refitted {out} ({len(section.measurements)} measurements) and {out.with_suffix('.png')}")
+    return 0
+
+
+# -- set-sts ---------------------------------------------------------------------------------------
+def _add_set_sts(sub) -> None:
+    p = sub.add_parser("set-sts", formatter_class=HELP, help="put STS temperatures into a profile (or take them out)",
+                       description="Replaces the profile's sts section with an STS calibration JSON (SGLang's "
+                                   "DSparkStsCalibration, as `evaluate --sts-out` writes it), fitted for the "
+                                   "profile's drafter; one temperature per draft position (fingerprint.gamma).")
+    p.add_argument("file", type=Path, metavar="FILE", help="the SLA profile YAML")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--sts", type=Path, metavar="JSON", help="the STS calibration file to embed")
+    which.add_argument("--clear", action="store_true", help="remove the profile's STS (uncalibrated confidences)")
+    p.add_argument("--out", type=Path, metavar="FILE", help="where to write the profile (default: in place)")
+    p.set_defaults(func=_run_set_sts)
+
+
+def _run_set_sts(args) -> int:
+    from sglang_dspark.core.calibration import StsCalibration
+
+    profile = SlaProfile.load(args.file)
+    sts = None if args.clear else StsCalibration.load(args.sts)
+    updated = profile.replaced(sts=sts)  # the profile's checks run before anything is written
+    updated.save(args.out or args.file)
+    print(f"{args.out or args.file}: " + ("STS removed" if sts is None else f"STS temperatures {sts.temperatures}"))
+    return 0
+
+
+# -- capture (in process) --------------------------------------------------------------------------
+def _add_capture(sub) -> None:
+    p = sub.add_parser("capture", formatter_class=HELP,
+                       help="capture SPS(B) of the reference engine in process and write an SLA profile (YAML + PNG)",
+                       description="Runs decode steps at forced verify budgets for several batch sizes, fits SGLang's "
+                                   "1-D and additive SPS tables, and writes an SLA profile with its plot.")
+    p.add_argument("--model", required=True, help="target model directory or zoo name (e.g. smollm2-135m-instruct)")
+    p.add_argument("--draft", help="drafter directory (default: the shipped drafter whose target hash matches)")
+    p.add_argument("--out", required=True, type=Path, help="profile YAML to write; the plot goes next to it as .png")
+    p.add_argument("--name", help="profile name (default: the file stem of --out)")
+    p.add_argument("--requests", type=_csv(int), default=[1, 2, 4, 8, 16], metavar="R,R,...",
+                   help="batch sizes R to probe")
+    p.add_argument("--points", type=int, default=9, help="budgets probed per batch size (all of 0..R*G when fewer)")
+    p.add_argument("--warmup", type=int, default=2, help="unmeasured steps before each probe")
+    p.add_argument("--repeats", type=int, default=3, help="measured steps per probe in each round")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="passes over all probes, each in a new random order; a probe's median pools its "
+                        "rounds x repeats samples, so slow drift of a shared host averages out")
+    p.add_argument("--prompt-tokens", type=int, default=128, help="context length of the probe requests")
+    p.add_argument("--sts", type=Path, help="STS calibration JSON (SGLang format) to embed in the profile")
+    p.add_argument("--tier", action="append", default=[], metavar="NAME:TOK_S:TTFT_S:CONCURRENCY",
+                   help="SLA tier to record, e.g. interactive:20:2:4 (repeatable)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the probe order and the engine")
+    p.add_argument("--cache-dir", type=Path, default=Path("~/.cache/sglang_dspark/models"), help="where zoo models live")
+    p.set_defaults(func=_run_capture)
+
+
+def _run_capture(args) -> int:
+    from tqdm import tqdm
+
+    from sglang_dspark import zoo
+    from sglang_dspark.core.calibration import StsCalibration
+    from sglang_dspark.engine.engine import EngineConfig
+    from sglang_dspark.engine.factory import build_engine
+    from sglang_dspark.profile.capture import budget_grid, capture
+    from sglang_dspark.profile.fingerprint import fingerprint_for
+    from sglang_dspark.profile.measure import fit_section, summarize
+    from sglang_dspark.profile.plot import plot_profile
+    from sglang_dspark.profile.schema import SCHEMA_VERSION, Provenance, utc_now
+
+    requests = sorted(set(args.requests))
+    if not requests or requests[0] < 1:
+        raise ProfileError(f"--requests: need batch sizes >= 1, got {args.requests}")
+    try:
+        model_dir = zoo.resolve_model(args.model, args.cache_dir)
+    except zoo.ZooError as exc:
+        raise ProfileError(f"--model {exc}") from None
+    draft_dir = args.draft or zoo.shipped_drafter_for(model_dir)
+    if draft_dir is None:
+        raise ProfileError(f"--model {args.model}: no shipped drafter matches this target; pass --draft DIR "
+                           f"(shipped: {zoo.describe_shipped_drafters()})")
+    tiers = [SlaTier.parse(spec) for spec in args.tier]
+    sts = StsCalibration.load(args.sts) if args.sts else None
+    engine = build_engine(model_dir, draft_dir, config=EngineConfig(mode="scheduled", max_running=max(requests),
+                                                                    seed=args.seed))
+    chat = engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Explain, step by step, how a hash map handles collisions, with a Python example."}],
+        add_generation_prompt=True, tokenize=True, return_dict=False)
+    prompt = (chat * (args.prompt_tokens // len(chat) + 1))[-args.prompt_tokens:]
+    total = args.rounds * sum(len(budget_grid(r, engine.gamma, args.points)) for r in requests)
+    with tqdm(total=total, desc="SPS probes", unit="probe") as bar:
+        samples = capture(engine, prompt, requests=requests, points=args.points, warmup=args.warmup,
+                          repeats=args.repeats, rounds=args.rounds, seed=args.seed, progress=bar)
+    section = fit_section(summarize(samples), max(requests) * (engine.gamma + 1), skips_drafter_at_budget_0=True)
+    profile = SlaProfile(
+        version=SCHEMA_VERSION, name=args.name or args.out.stem,
+        fingerprint=fingerprint_for(engine="reference", target_dir=model_dir, draft_dir=draft_dir, gamma=engine.gamma),
+        sps=section, sts=sts, sla_tiers=tiers,
+        provenance=Provenance(command=_command_line(), date=utc_now(), repeats=args.repeats, warmup=args.warmup,
+                              host=socket.gethostname(), rounds=args.rounds, source="capture"))
+    profile.save(args.out)
+    plot_profile(section.measurements, section.table(), args.out.with_suffix(".png"),
+                 f"SPS(B) of the reference engine: {profile.name} (dashed: additive fit)")
+    print(f"wrote {args.out} and {args.out.with_suffix('.png')}: {len(section.measurements)} probes")
+    return 0
+
+
+# -- capture-http ----------------------------------------------------------------------------------
+def _add_capture_http(sub) -> None:
+    from sglang_dspark.profile import http_capture as hc
+
+    p = sub.add_parser("capture-http", formatter_class=HELP, help="measure a running server over HTTP and write a profile",
+                       description=hc.__doc__.split("\n\n")[0])
+    p.add_argument("--base-url", required=True, help="the server, e.g. http://127.0.0.1:30000")
+    p.add_argument("--out", required=True, type=Path, help="profile YAML to write")
+    p.add_argument("--name", help="profile name (default: the --out file name without extension)")
+    p.add_argument("--model", metavar="DIR", help="the server's target model directory, hashed into the fingerprint "
+                                                  "(without it the hash is 'unknown' and launch refuses the profile "
+                                                  "unless --force-profile)")
+    p.add_argument("--draft", metavar="DIR", help="the server's drafter directory, hashed into the fingerprint")
+    p.add_argument("--fractions", type=_csv(float), default=list(hc.DEFAULT_FRACTIONS), metavar="F,F,...",
+                   help="forced verify-budget fractions of requests * gamma to sweep (SGLang accepts (0, 1])")
+    p.add_argument("--concurrency", type=_csv(int), default=list(hc.DEFAULT_CONCURRENCIES), metavar="N,N,...",
+                   help="concurrent requests per level (clamped to the server's max_running_requests)")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens generated per request (ignore_eos)")
+    p.add_argument("--prompt", default="Write a short story about a lighthouse keeper.", help="prompt of every request")
+    p.add_argument("--warmup-steps", type=int, default=1, help="step records dropped at the start of each level")
+    p.add_argument("--min-samples", type=int, default=3, help="steps a (bs, batch_tokens) probe needs to be kept")
+    p.add_argument("--step-field", choices=hc.STEP_FIELDS, help="record field with the step time "
+                                                                "(default: the first present of the choices)")
+    p.add_argument("--tier", action="append", default=[], metavar="NAME:TOK_S:TTFT_S:MAX_CONC",
+                   help="an SLA tier to record in the profile; repeatable")
+    p.add_argument("--hardware", help="hardware string for the fingerprint when the server is not on this machine "
+                                      "(default: this machine's)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds per HTTP request")
+    p.add_argument("--api-key", help="Bearer token: the server's --admin-api-key (or --api-key when it has no admin key)")
+    p.set_defaults(func=_run_capture_http)
+
+
+def _run_capture_http(args) -> int:
+    from sglang_dspark.profile.http_capture import capture_http
+
+    profile = capture_http(
+        args.base_url, name=args.name or args.out.stem, model=args.model, draft=args.draft, fractions=args.fractions,
+        concurrencies=args.concurrency, max_new_tokens=args.max_new_tokens, prompt=args.prompt,
+        warmup_steps=args.warmup_steps, min_samples=args.min_samples, step_field=args.step_field,
+        tiers=[SlaTier.parse(t) for t in args.tier], hardware=args.hardware, timeout=args.timeout,
+        command=_command_line(), api_key=args.api_key)
+    profile.save(args.out)
+    print(f"wrote {args.out}: {profile.summary()}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    lines = __doc__.splitlines()
+    parser = argparse.ArgumentParser(prog="python -m sglang_dspark.profile", description=lines[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog="\n".join(lines[2:]))
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress (INFO level)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_capture, _add_capture_http, _add_validate, _add_export, _add_refit, _add_set_sts):
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except (ProfileError, ValueError, OSError) as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return EXIT_ERROR

@@ -1,0 +1,45 @@
+"""The target's token logprobs in the three wire formats: OpenAI chat, OpenAI completions and
+SGLang's /generate meta_info."""
+
+from __future__ import annotations
+
+from sglang_dspark.engine.request import TokenLogprob
+
+
+def _piece(tokenizer, token_id: int) -> str:
+    return tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def chat_logprobs(tokenizer, items: list[TokenLogprob]) -> dict:
+    """OpenAI chat `choices[].logprobs`: {"content": [{token, logprob, bytes, top_logprobs}], "refusal"}."""
+    def entry(token_id: int, logprob: float) -> dict:
+        text = _piece(tokenizer, token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    content = [{**entry(i.token_id, i.logprob), "top_logprobs": [entry(t, lp) for t, lp in i.top]} for i in items]
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(tokenizer, items: list[TokenLogprob], text_offset: int = 0) -> dict:
+    """OpenAI completions `choices[].logprobs`: parallel lists tokens / token_logprobs /
+    top_logprobs ({token: logprob}) / text_offset (of each token in the completion text)."""
+    tokens = [_piece(tokenizer, i.token_id) for i in items]
+    offsets, at = [], text_offset
+    for t in tokens:
+        offsets.append(at)
+        at += len(t)
+    return {"tokens": tokens, "token_logprobs": [i.logprob for i in items],
+            "top_logprobs": [{_piece(tokenizer, t): lp for t, lp in i.top} for i in items],
+            "text_offset": offsets}
+
+
+def generate_logprobs(tokenizer, items: list[TokenLogprob], top: int, with_text: bool) -> dict:
+    """SGLang's meta_info fields: output_token_logprobs [(logprob, id, text|None)] and, with
+    top_logprobs_num, output_top_logprobs [[(logprob, id, text|None), ...] per token]."""
+    def triple(token_id: int, logprob: float) -> list:
+        return [logprob, token_id, _piece(tokenizer, token_id) if with_text else None]
+
+    out = {"input_token_logprobs": [], "output_token_logprobs": [triple(i.token_id, i.logprob) for i in items]}
+    if top:
+        out["output_top_logprobs"] = [[triple(t, lp) for t, lp in i.top] for i in items]
+    return out

@@ -14,6 +14,12 @@ export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 setup() {
   local stamp="$VENV/.installed" want
+  # promtool (Debian's prometheus package) checks and unit-tests ops/prometheus and the dashboard
+  if ! command -v promtool >/dev/null; then
+    echo "==> installing Debian's prometheus package (promtool)" >&2
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  fi
   want=$(cat pyproject.toml dev.sh | sha256sum | cut -d' ' -f1)
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return; fi
   echo "==> setting up $VENV (first run: about 5 minutes, most of it SGLang)" >&2

@@ -1,14 +1,26 @@
-"""Decode speed of the reference engine: target-only vs DSpark full verify vs DSpark scheduled.
+"""Decode speed of the reference engine, arm against arm: target-only, verify-all, and DSpark scheduled
+the way `launch` would run it here.
 
-For each concurrency C, every mode serves the same 2*C held-out chat prompts (code, chat, math)
-with at most C running at once; modes run back to back inside each concurrency so machine noise
-hits them alike, `--repeats` times interleaved, the order rotating each time (the median run is
-reported, and the median over repeats of scheduled / best baseline within a repeat). Reports output
-tokens/s (completion tokens over wall time from first submit to last finish) and tau (tokens
-emitted per request per decode step, bonus included).
+Arms (`--arms`):
+- `target`: no speculation; `full`: DSpark verifying every draft;
+- `default`: scheduled, with the SPS table `launch` picks for `--profile` on this host: the profile
+  corrected online when its fingerprint matches ("profile+online", the profiled path), a seed
+  scaled to this host's steps when only the hardware differs ("seeded+online");
+- `online`: scheduled with no profile at all, the table learned from nothing;
+- `static`: scheduled on the profile's table as measured, no online learning (`--sps-learning off
+  --force-profile`, the scheduler before online learning).
 
-    python benchmarks/decode_speed.py [--concurrency 1,4,16] [--max-tokens 96] [--repeats 3]
-        [--profile sla_profiles/smollm2-135m-instruct-cpu.yaml] [--out benchmarks/results/decode_speed.json]
+For each concurrency C every arm serves the same 2*C held-out chat prompts with at most C running,
+each run on a fresh engine (a run pays its own learning; with `--persistent` one engine per arm and
+C serves every repeat, as a long-running server would, so only the first repeat pays it); arms run
+back to back inside each
+concurrency, the order rotating each repeat, so host drift hits them alike. Reported: output tokens/s
+(completion tokens over wall time), tau (tokens per request per decode step), the median run per arm,
+and per repeat the ratio of `default` to target-only and to the best of target-only and verify-all,
+with their medians over repeats.
+
+    python benchmarks/decode_speed.py [--concurrency 1,4,16] [--max-tokens 96] [--repeats 5]
+        [--arms target,full,default,online] [--profile sla_profiles/smollm2-135m-instruct-cpu.yaml]
 """
 
 from __future__ import annotations
@@ -18,48 +30,39 @@ import json
 import os
 import platform
 import statistics
-import threading
-import time
 from pathlib import Path
 
 import torch
-from model_pair import add_common_args, heldout_prompts, load_pair
-MODES = ("target", "full", "scheduled")
+from common import add_common_args, heldout_prompts, load_pair, serve_all
+ARMS = ("target", "full", "default", "online", "static")
 
 
-def run_mode(engine, prompts: list[list[int]], params, concurrency: int) -> dict:
-    done = threading.Event()
-    lock = threading.Lock()
-    state = {"left": len(prompts), "tokens": 0}
-
-    def callback(out):
-        if out.finished:
-            with lock:
-                state["tokens"] += out.completion_tokens
-                state["left"] -= 1
-                if state["left"] == 0:
-                    done.set()
-
-    engine.records.clear()
-    engine.start()
-    start = time.perf_counter()
-    for ids in prompts:
-        engine.submit(ids, params, callback)
-    done.wait(timeout=3600)
-    wall = time.perf_counter() - start
-    engine.shutdown()
-    records = list(engine.records)
+def run_mode(engine, prompts: list[list[int]], params) -> dict:
+    run = serve_all(engine, prompts, params)
+    records = run.records
     emitted = sum(r.bs + r.accepted_drafts for r in records)
     errors = [abs(r.predicted_step_ms - r.step_ms) / r.step_ms for r in records if r.predicted_step_ms]
     return {
         "predicted_step_time_median_abs_rel_error": round(statistics.median(errors), 4) if errors else None,
-        "output_tok_s": round(state["tokens"] / wall, 2),
+        "output_tok_s": round(run.completion_tokens / run.wall_s, 2),
         "tau": round(emitted / max(1, sum(r.bs for r in records)), 3),
-        "wall_s": round(wall, 2),
-        "completion_tokens": state["tokens"],
+        "wall_s": round(run.wall_s, 2),
+        "completion_tokens": run.completion_tokens,
         "mean_verify_tokens_per_step": round(sum(r.num_verify_tokens for r in records) / max(1, len(records)), 2),
         "steps": len(records),
     }
+
+
+def engine_for(arm: str, pair, profile, launch_profile, concurrency: int, model: str):
+    from sglang_dspark.engine.engine import Engine, EngineConfig
+
+    target, tokenizer, drafter = pair
+    mode = {"target": "target", "full": "full"}.get(arm, "scheduled")
+    sps = None if arm in ("target", "full", "online") else profile.sps_table()
+    config = EngineConfig(mode=mode, max_running=concurrency, max_len=1024, learn_sps=arm != "static")
+    return Engine(target, tokenizer, drafter if mode != "target" else None, config=config, sps=sps,
+                  sts_temperatures=profile.sts_temperatures(), model_name=model,
+                  sps_seeded=arm == "default" and launch_profile.seed_only)
 
 
 def main() -> None:
@@ -68,63 +71,85 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,4,16", help="comma-separated concurrency levels")
     parser.add_argument("--max-tokens", type=int, default=96, help="completion tokens per request")
     parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved runs of every mode; the median is reported")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved runs of every arm; the median is reported")
+    parser.add_argument("--arms", default="target,full,default,online", help=f"comma-separated, of {', '.join(ARMS)}")
+    parser.add_argument("--persistent", action="store_true",
+                        help="one engine per arm and concurrency for every repeat (a server that keeps learning)")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(args.threads)
+    arms = tuple(a for a in args.arms.split(",") if a)
+    unknown = set(arms) - set(ARMS)
+    if unknown or not {"target", "full", "default"} <= set(arms):
+        raise SystemExit(f"--arms: need target, full and default, of {', '.join(ARMS)}; got {args.arms}")
 
-    from sglang_dspark.engine.engine import Engine, EngineConfig
+    from sglang_dspark import zoo
     from sglang_dspark.engine.sampling import SamplingParams
-    from sglang_dspark.profiles import SlaProfile
+    from sglang_dspark.profile.resolve import resolve_profile
 
-    target, tokenizer, drafter = load_pair(args.model, args.draft)
-    profile = SlaProfile.load(args.profile)
+    pair = load_pair(args.model, args.draft)
+    tokenizer = pair[1]
+    launch_profile = resolve_profile(args.profile, engine="reference", model=zoo.resolve_model(args.model),
+                                     draft=args.draft, seed_ok=True)  # what launch does on this host
+    profile = launch_profile.profile
+    source = "seeded+online" if launch_profile.seed_only else "profile+online"
+    print(f"default arm: {source} from {args.profile}" + (f" ({'; '.join(launch_profile.mismatches)})"
+                                                          if launch_profile.mismatches else ""), flush=True)
 
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=None)
     rows = []
     for concurrency in [int(c) for c in args.concurrency.split(",")]:
         prompts = heldout_prompts(tokenizer, 2 * concurrency)
         row = {"concurrency": concurrency, "requests": len(prompts)}
-        runs = {mode: [] for mode in MODES}
-        for rep in range(args.repeats):  # interleaved and rotated, so host drift hits every mode alike
-            for mode in MODES[rep % 3:] + MODES[: rep % 3]:
-                engine = Engine(
-                    target, tokenizer, drafter if mode != "target" else None,
-                    config=EngineConfig(mode=mode, max_running=concurrency, max_len=1024),
-                    sps=profile.sps_table() if mode == "scheduled" else None,
-                    sts_temperatures=profile.sts_temperatures(), model_name=args.model,
-                )
-                runs[mode].append(run_mode(engine, prompts, params, concurrency))
-                print(f"  C={concurrency:<3} {mode:<9} run {rep + 1}: {runs[mode][-1]['output_tok_s']:>8.2f} tok/s  "
-                      f"tau {runs[mode][-1]['tau']:.2f}", flush=True)
-        for mode in MODES:  # the run with the median speed stands for the mode; all runs are kept
-            ordered = sorted(runs[mode], key=lambda r: r["output_tok_s"])
-            row[mode] = {**ordered[len(ordered) // 2], "runs_output_tok_s": [r["output_tok_s"] for r in runs[mode]]}
-        best_baseline = max(row["target"]["output_tok_s"], row["full"]["output_tok_s"])
-        row["dspark_vs_target"] = round(row["full"]["output_tok_s"] / row["target"]["output_tok_s"], 3)
-        row["scheduled_vs_best_baseline"] = round(row["scheduled"]["output_tok_s"] / best_baseline, 3)
-        per_rep = [runs["scheduled"][i]["output_tok_s"] / max(runs["target"][i]["output_tok_s"], runs["full"][i]["output_tok_s"])
-                   for i in range(args.repeats)]
-        row["scheduled_vs_best_per_repeat"] = [round(x, 3) for x in per_rep]
-        row["scheduled_vs_best_median_of_repeats"] = round(statistics.median(per_rep), 3)
+        runs = {arm: [] for arm in arms}
+        engines = {}
+        for rep in range(args.repeats):  # interleaved and rotated, so host drift hits every arm alike
+            for arm in arms[rep % len(arms):] + arms[: rep % len(arms)]:
+                if arm not in engines or not args.persistent:
+                    engines[arm] = engine_for(arm, pair, profile, launch_profile, concurrency, args.model)
+                engine = engines[arm]
+                runs[arm].append(run_mode(engine, prompts, params))
+                print(f"  C={concurrency:<3} {arm:<9} run {rep + 1}: {runs[arm][-1]['output_tok_s']:>8.2f} tok/s  "
+                      f"tau {runs[arm][-1]['tau']:.2f}", flush=True)
+        for arm in arms:  # the run with the median speed stands for the arm; all runs are kept
+            ordered = sorted(runs[arm], key=lambda r: r["output_tok_s"])
+            row[arm] = {**ordered[len(ordered) // 2], "runs_output_tok_s": [r["output_tok_s"] for r in runs[arm]]}
+        speed = {arm: [r["output_tok_s"] for r in runs[arm]] for arm in arms}
+        vs_target = [d / t for d, t in zip(speed["default"], speed["target"])]
+        vs_best = [d / max(t, f) for d, t, f in zip(speed["default"], speed["target"], speed["full"])]
+        row["default_vs_target_per_repeat"] = [round(x, 3) for x in vs_target]
+        row["default_vs_best_per_repeat"] = [round(x, 3) for x in vs_best]
+        row["default_vs_target"] = round(statistics.median(vs_target), 3)
+        row["default_vs_best"] = round(statistics.median(vs_best), 3)
+        row["full_vs_target"] = round(statistics.median(f / t for f, t in zip(speed["full"], speed["target"])), 3)
+        if "online" in arms:
+            row["online_vs_target"] = round(statistics.median(o / t for o, t in zip(speed["online"], speed["target"])), 3)
         rows.append(row)
 
-    print(f"\n{'C':>3} {'target tok/s':>13} {'full tok/s':>11} {'sched tok/s':>12} {'tau full':>9} {'tau sched':>10} "
-          f"{'full/target':>12} {'sched/best':>11} {'per-repeat median':>18}")
+    header = f"\n{'C':>3} " + " ".join(f"{arm + ' tok/s':>14}" for arm in arms) + \
+        f" {'tau default':>11} {'default/target':>15} {'default/best':>13}"
+    print(header + ("  (medians of per-repeat ratios)"))
     for r in rows:
-        print(f"{r['concurrency']:>3} {r['target']['output_tok_s']:>13.2f} {r['full']['output_tok_s']:>11.2f} "
-              f"{r['scheduled']['output_tok_s']:>12.2f} {r['full']['tau']:>9.2f} {r['scheduled']['tau']:>10.2f} "
-              f"{r['dspark_vs_target']:>12.3f} {r['scheduled_vs_best_baseline']:>11.3f} "
-              f"{r['scheduled_vs_best_median_of_repeats']:>18.3f}")
+        print(f"{r['concurrency']:>3} " + " ".join(f"{r[arm]['output_tok_s']:>14.2f}" for arm in arms)
+              + f" {r['default']['tau']:>11.2f} {r['default_vs_target']:>15.3f} {r['default_vs_best']:>13.3f}")
     result = {
         "benchmark": "decode_speed",
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "torch_threads": args.threads},
-        "model": args.model, "draft": args.draft, "profile": args.profile,
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "torch_threads": args.threads,
+                    "hardware": profile_hardware()},
+        "model": args.model, "draft": args.draft, "profile": args.profile, "default_source": source,
+        "persistent_engines": args.persistent,
+        "profile_mismatches": launch_profile.mismatches, "arms": list(arms),
         "max_tokens": args.max_tokens, "temperature": args.temperature, "repeats": args.repeats,
         "rows": rows,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+def profile_hardware() -> str:
+    from sglang_dspark.profile.fingerprint import hardware_id
+
+    return hardware_id()
 
 
 if __name__ == "__main__":

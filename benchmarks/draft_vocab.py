@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 from drafter_speed import time_draft
-from model_pair import add_common_args, heldout_prompts, load_pair
+from common import add_common_args, heldout_prompts, load_pair
 
 from sglang_dspark.drafter import greedy_sampler
 from sglang_dspark.engine.engine import Engine, EngineConfig
@@ -33,7 +33,7 @@ def acceptance(target, tokenizer, drafter, prompts, max_tokens: int, temperature
     """Full-verify tau and per-position acceptance (evaluate.summarize), plus the outputs."""
     engine = Engine(target, tokenizer, drafter, config=EngineConfig(mode="full", max_running=16, seed=seed))
     accept_lens = []
-    engine.on_round = lambda request_id, accepted, verified, conf: accept_lens.append(accepted)
+    engine.add_round_observer(lambda request_id, accepted, verified, conf: accept_lens.append(accepted))
     params = [SamplingParams(max_tokens=max_tokens, temperature=temperature, ignore_eos=True, seed=seed + i)
               for i in range(len(prompts))]
     outputs = engine.generate(prompts, params)

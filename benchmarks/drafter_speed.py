@@ -19,13 +19,10 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import ROOT, load_pair
 
-from sglang_dspark.drafter import DraftKVCache, greedy_sampler, temperature_sampler  # noqa: E402
-from sglang_dspark.evaluate import load_pair  # noqa: E402
+from sglang_dspark.drafter import DraftKVCache, greedy_sampler, temperature_sampler
 
-TARGET = ROOT / "models" / "smollm2-135m-instruct"
 DRAFT = ROOT / "launch" / "models" / "smollm2-135m-instruct-dspark"
 
 
@@ -48,7 +45,7 @@ def time_draft(drafter, num_requests: int, context: int, repeats: int, sampler) 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", default=str(TARGET))
+    p.add_argument("--target", default="smollm2-135m-instruct", help="target directory or zoo name")
     p.add_argument("--draft", default=str(DRAFT))
     p.add_argument("--context", type=int, default=200)
     p.add_argument("--repeats", type=int, default=7)

@@ -13,7 +13,7 @@ import json
 import statistics
 from pathlib import Path
 
-from sglang_dspark.profiles import SlaProfile
+from sglang_dspark.profile.schema import SlaProfile
 
 
 def main() -> None:

@@ -24,46 +24,10 @@ import argparse
 import json
 import os
 import statistics
-import threading
-import time
 from pathlib import Path
 
 import torch
-from model_pair import add_common_args, heldout_prompts, load_pair
-
-
-def run(engine, prompts, params) -> tuple[list[float], list[float], float]:
-    """Per-user speeds, times to first token, and wall seconds of one run."""
-    arrivals: dict[str, list[tuple[float, int]]] = {}
-    done = threading.Event()
-    left = [len(prompts)]
-    lock = threading.Lock()
-
-    def callback(out):
-        now = time.perf_counter()
-        with lock:
-            if out.token_ids:
-                arrivals.setdefault(out.request_id, []).append((now, len(out.token_ids)))
-            if out.finished:
-                left[0] -= 1
-                if left[0] == 0:
-                    done.set()
-
-    engine.start()
-    start = time.perf_counter()
-    for ids in prompts:
-        engine.submit(ids, params, callback)
-    done.wait(timeout=3600)
-    wall = time.perf_counter() - start
-    engine.shutdown()
-    speeds, ttfts = [], []
-    for events in arrivals.values():
-        n_out = sum(n for _, n in events)
-        span = events[-1][0] - events[0][0]
-        ttfts.append(events[0][0] - start)
-        if n_out > 1 and span > 0:
-            speeds.append((n_out - 1) / span)
-    return speeds, ttfts, wall
+from common import add_common_args, heldout_prompts, load_pair, serve_all
 
 
 def main() -> None:
@@ -84,7 +48,7 @@ def main() -> None:
 
     from sglang_dspark.engine.engine import Engine, EngineConfig
     from sglang_dspark.engine.sampling import SamplingParams
-    from sglang_dspark.profiles import SlaProfile
+    from sglang_dspark.profile.schema import SlaProfile
 
     target, tokenizer, drafter = load_pair(args.model, args.draft)
     profile = SlaProfile.load(args.profile)
@@ -95,7 +59,7 @@ def main() -> None:
     # that would otherwise make whichever run comes first look slow.
     warm = Engine(target, tokenizer, drafter, config=EngineConfig(mode="scheduled", max_running=args.concurrency, max_len=1024),
                   sps=profile.sps_table(), sts_temperatures=profile.sts_temperatures(), model_name=args.model)
-    run(warm, prompts[: args.concurrency], SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
+    serve_all(warm, prompts[: args.concurrency], SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
     rows = []
     meetable = None if args.meetable == "auto" else float(args.meetable)
     for rep, name in ((rep, name) for rep in range(args.repeats) for name in ("off", "meetable", "unmeetable")):
@@ -104,7 +68,8 @@ def main() -> None:
         engine = Engine(target, tokenizer, drafter, config=EngineConfig(
             mode="scheduled", max_running=args.concurrency, max_len=1024, sla_tok_s_per_user=sla),
             sps=profile.sps_table(), sts_temperatures=profile.sts_temperatures(), model_name=args.model)
-        speeds, ttfts, wall = run(engine, prompts, params)
+        result = serve_all(engine, prompts, params)
+        speeds, ttfts, wall = result.user_speeds(), result.ttfts(), result.wall_s
         if meetable is None:  # auto: the tier half the users miss without SLA mode
             meetable = target_speed = round(statistics.median(speeds), 2)
         meets = sum(s >= target_speed for s in speeds) / len(speeds)
@@ -114,8 +79,8 @@ def main() -> None:
             "median_speed": round(statistics.median(speeds), 2), "p5_speed": round(sorted(speeds)[len(speeds) // 20], 2),
             "fraction_at_or_above": round(meets, 3),
             "median_ttft_s": round(statistics.median(ttfts), 2), "output_tok_s": round(len(speeds) * args.max_tokens / wall, 2),
-            "mean_verify_tokens": round(statistics.mean(r.num_verify_tokens for r in engine.records), 2),
-            "mean_bs": round(statistics.mean(r.bs for r in engine.records), 2),
+            "mean_verify_tokens": round(statistics.mean(r.num_verify_tokens for r in result.records), 2),
+            "mean_bs": round(statistics.mean(r.bs for r in result.records), 2),
         })
     print(f"{'run':<11} {'rep':>3} {'tier':>6} {'median':>7} {'p5':>7} {'>= tier':>8} {'>= meetable':>12} {'TTFT':>6} {'tok/s':>7} "
           f"{'mean R':>7} {'verify tok/step':>16}")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sglang_dspark.profiles import SlaProfile
+from sglang_dspark.profile.schema import SlaProfile
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -27,6 +27,7 @@ import torch
 from sglang_dspark.core.calibration import (
     OBJECTIVES,
     StsCalibration,
+    auroc,
     cumulative_survival,
     ece,
     fit_sts,
@@ -40,6 +41,12 @@ def per_position_ece(conf, accept_len, temperatures=None, bins=20):
     labels = prefix_labels(accept_len, conf.shape[1])
     survival = cumulative_survival(conf, temperatures)
     return [ece(survival[:, k], labels[:, k], bins) for k in range(conf.shape[1])]
+
+
+def per_position_auroc(conf, accept_len, temperatures=None):
+    labels = prefix_labels(accept_len, conf.shape[1])
+    survival = cumulative_survival(conf, temperatures)
+    return [auroc(survival[:, k], labels[:, k]) for k in range(conf.shape[1])]
 
 
 def select(split, rows):
@@ -122,18 +129,22 @@ def plot(path, evals, fits: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", required=True, help="a PREFIX.t<T>.pt file written by evaluate --rounds-out")
-    parser.add_argument("--folds", type=int, default=5, help="prompt-grouped folds for choosing the objective")
+    parser.add_argument("--folds", type=int, default=5,
+                        help="prompt-grouped folds for choosing the objective (default: %(default)s)")
     parser.add_argument("--min-positives", type=int, default=20,
-                        help="fit_sts' support rule (the unguarded fit, 0, is reported alongside)")
-    parser.add_argument("--bootstrap", type=int, default=1000, help="prompt-bootstrap resamples of the eval split")
-    parser.add_argument("--seed", type=int, default=0, help="seed of folds, bootstrap and noise-floor draws")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/sts_calibration.json"), help="JSON output")
+                        help="fit_sts' support rule (the unguarded fit, 0, is reported alongside) (default: %(default)s)")
+    parser.add_argument("--bootstrap", type=int, default=1000,
+                        help="prompt-bootstrap resamples of the eval split (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of folds, bootstrap and noise-floor draws (default: %(default)s)")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/sts_calibration.json"),
+                        help="JSON output (default: %(default)s)")
     parser.add_argument("--sts-out", help="write the chosen fit as SGLang's DSparkStsCalibration JSON "
                         "(for `python -m sglang_dspark.profile set-sts`)")
     parser.add_argument("--plot", default=str(ROOT / "benchmarks/results/sts_calibration.png"),
-                        help="reliability diagram (positions 1-3); empty to skip")
+                        help="reliability diagram (positions 1-3); empty to skip (default: %(default)s)")
     args = parser.parse_args()
 
     data = torch.load(args.rounds)
@@ -149,14 +160,16 @@ def main() -> None:
         "eval": {"rounds": len(evals["accept_len"]), "prompts": len(evals["domain"]),
                  "accepted_prefixes": prefix_labels(evals["accept_len"], gamma).sum(0).tolist()},
         "cv_ece_by_objective": cv, "chosen_objective": chosen, "min_positives": args.min_positives,
-        "ece_before": before, "fits": [],
+        "ece_before": before, "auroc_before": per_position_auroc(evals["conf_logits"], evals["accept_len"]),
+        "fits": [],
     }
     for objective in OBJECTIVES:
         for min_positives in (args.min_positives, 0):
             temps = fit_sts(calib["conf_logits"], calib["accept_len"], objective=objective, min_positives=min_positives)
             after = per_position_ece(evals["conf_logits"], evals["accept_len"], temps)
             fit = {"objective": objective, "min_positives": min_positives, "temperatures": temps.tolist(),
-                   "ece_after": after, "lower_at_every_position": all(a < b for a, b in zip(after, before))}
+                   "ece_after": after, "lower_at_every_position": all(a < b for a, b in zip(after, before)),
+                   "auroc_after": per_position_auroc(evals["conf_logits"], evals["accept_len"], temps)}
             if objective == chosen and min_positives == args.min_positives:  # the shipped choice
                 fit["bootstrap_share_lower"] = bootstrap_wins(evals, temps, args.bootstrap, args.seed)
                 fit["noise_floor_ece"] = noise_floor(evals, temps, 200, args.seed)
@@ -179,6 +192,8 @@ def main() -> None:
     print(f"{'chosen: P(lower)':<22}" + "".join(f"{p:>8.2f}" for p in chosen_fit["bootstrap_share_lower"])
           + f"  ({args.bootstrap} prompt-bootstrap resamples)")
     print(f"{'noise floor':<22}" + "".join(f"{1e3 * f:>8.3f}" for f in chosen_fit["noise_floor_ece"]))
+    print(f"{'AUROC raw':<22}" + "".join(f"{a:>8.3f}" for a in result["auroc_before"]))
+    print(f"{'AUROC chosen STS':<22}" + "".join(f"{a:>8.3f}" for a in chosen_fit["auroc_after"]))
     print(f"chosen temperatures: {[round(t, 3) for t in chosen_fit['temperatures']]}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

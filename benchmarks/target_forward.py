@@ -3,7 +3,7 @@
 Every case has 200 tokens of context per request and times one forward over the new tokens (all
 logits), the shapes of decode (x1) and speculative verify (x n). Both sides run in the same process
 with the same weights and thread count. A third column runs our model with PyTorch's default
-row-major [out, in] Linear weights instead of the input-major CPU layout (core/weight_layout.py),
+row-major [out, in] Linear weights instead of the input-major CPU layout (engine/weight_layout.py),
 and a first table times the single GEMMs of one layer and the lm_head in both layouts.
 Usage (from the repo root): PYTHONPATH=. python benchmarks/target_forward.py [--threads 2]
 """
@@ -22,7 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
 
 from sglang_dspark.engine.target_model import Segment, TargetModel
-from sglang_dspark.core.weight_layout import input_major
+from sglang_dspark.engine.weight_layout import input_major
 
 CTX = 200
 CASES = [(1, n) for n in (1, 2, 4, 8, 16, 32, 64)] + [(4, 1), (4, 8), (16, 1), (16, 8)]  # (requests, new tokens)

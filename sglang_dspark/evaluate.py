@@ -1,10 +1,13 @@
-"""python -m sglang_dspark.evaluate --target DIR --draft DRAFT_DIR [--prompts-file SPEC] --json
+"""python -m sglang_dspark.evaluate --target DIR --draft DRAFT_DIR [--bench mt-bench --bench humaneval]
+    [--profile PROFILE.yaml] [--out REPORT.json] [--markdown REPORT.md]
 
-Offline drafter quality: accepted length tau (bonus included) per domain and per position at
-temperature 0 and 1 with chain drafting and full-block verification (every draft verified,
-lossless rejection sampling), on held-out prompts with the chat template applied; plus
+Offline drafter quality: accepted length tau (bonus included) per benchmark category and per
+position at temperature 0 and 1 with chain drafting and full-block verification (every draft
+verified, lossless rejection sampling), on prompts with the chat template applied (MT-Bench: the
+first turn of each question). Printed as the paper's tables (Markdown), with the speedup a
+profile's SPS table predicts from the measured acceptance when --profile is given; plus
 confidence calibration: STS temperatures fitted on the calibration split, cumulative ECE and
-AUROC per position before/after on the evaluation split.
+AUROC per position before/after on the benchmarks' rounds.
 
 Every split is decoded by the reference engine in full-verify mode, all prompts batched, and the
 engine reports each drafted round through its round observer. The greedy-equality check decodes
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections import defaultdict
@@ -25,23 +29,20 @@ import torch
 from sglang_dspark.core.calibration import OBJECTIVES, calibration_report, fit_sts
 from sglang_dspark.prompts import chat_ids
 
+HELDOUT_SPEC = "sharegpt-heldout"
+
 
 def run_split(engine, records, temperature, max_new_tokens, desc=""):
     """All records (PromptRecords) decoded together by `engine` (an Engine, normally in full
     mode). Returns per prompt {"domain", "accept_lens", "conf_logits", "tokens"}, one entry of the
     first two per drafted round."""
     from sglang_dspark.engine.sampling import SamplingParams
+    from sglang_dspark.train.engine_tau import decode_rounds
 
-    rounds = defaultdict(list)
-    remove = engine.add_round_observer(
-        lambda rid, accepted, verified, conf: rounds[rid].append((accepted, conf.float().clone())))
     ids = [f"{desc}-{i}" for i in range(len(records))]
-    try:
-        outputs = engine.generate([chat_ids(engine.tokenizer, r.prompt) for r in records],
-                                  [SamplingParams(max_tokens=max_new_tokens, temperature=temperature)] * len(records),
-                                  request_ids=ids, progress=f"{desc} T={temperature:g}")
-    finally:
-        remove()
+    outputs, rounds = decode_rounds(engine, [chat_ids(engine.tokenizer, r.prompt) for r in records],
+                                    [SamplingParams(max_tokens=max_new_tokens, temperature=temperature)] * len(records),
+                                    ids, progress=f"{desc} T={temperature:g}")
     return [{"domain": rec.domain, "accept_lens": [m for m, _ in rounds[rid]],
              "conf_logits": [c for _, c in rounds[rid]], "tokens": out}
             for rid, rec, out in zip(ids, records, outputs)]
@@ -63,25 +64,93 @@ def summarize(results, gamma) -> dict:
     return out
 
 
-def evaluate(target_dir, draft_dir, eval_records, calib_records, *, temperatures=(0.0, 1.0),
+def bench_prompts(spec: str) -> list:
+    """Prompt records of a --bench / --calibration-file spec: anything `load_prompts` reads, or
+    `sharegpt-heldout[:N]`, the first N conversations of the ShareGPT pool no training run uses
+    (sglang_dspark/train/sources.py)."""
+    from sglang_dspark.prompts import load_prompts
+
+    if spec.split(":")[0] == HELDOUT_SPEC:
+        from sglang_dspark.train.sources import sharegpt_pool
+
+        count = spec.partition(":")[2]
+        pool = sharegpt_pool("heldout")
+        return pool[: int(count)] if count else pool
+    return load_prompts(spec)
+
+
+def sps_from_profile(path):
+    """The SPS table of an SLA profile's YAML (its `sps` section, read as the profile package
+    does: the additive fit with the drafter-skip saving when present, else the 1-D table). The
+    fingerprint is not checked: the prediction is for the hardware the profile was captured on."""
+    import yaml
+
+    from sglang_dspark.core.sps import SpsAdditiveCostTable, SpsCostTable, SpsTable
+
+    sps = yaml.safe_load(Path(path).read_text())["sps"]
+    if sps.get("additive"):
+        return SpsTable(SpsAdditiveCostTable.model_validate(sps["additive"]), sps.get("draft_skip_seconds"))
+    return SpsTable(SpsCostTable.model_validate(sps["cost"]))
+
+
+def speedup_curve(accept: list[float], sps) -> list[float]:
+    """Predicted single-request speedup over target-only decoding when verifying k = 0..G drafts:
+    (1 + a_1 + ... + a_k) * T0 / T(1 + k), with a_j = P(the first j drafts accepted), T0 the
+    profile's undrafted step at one request and T(1 + k) its drafted step of 1 + k tokens."""
+    t0 = 1.0 / sps(1, num_requests=1, drafted=False)
+    tokens = 1.0
+    curve = [1.0]
+    for k, a in enumerate(accept, start=1):
+        tokens += a
+        curve.append(tokens * t0 * sps(1 + k, num_requests=1, drafted=True))
+    return curve
+
+
+def with_speedup(summary: dict, sps) -> dict:
+    """A category or bench summary plus, given an SPS table, its predicted speedups: verifying
+    every draft (what full-mode tau means) and the best fixed number of drafts."""
+    if sps is None:
+        return summary
+    curve = speedup_curve(summary["accept_rate_per_position"], sps)
+    best = max(range(len(curve)), key=curve.__getitem__)
+    return {**summary, "speedup_full": curve[-1], "speedup_best": curve[best], "best_k": best}
+
+
+def bench_summary(results, gamma, sps) -> dict:
+    """Per category (with speedups), the macro average over categories, and all rounds pooled."""
+    categories = {c: with_speedup(v, sps) for c, v in summarize(results, gamma).items()}
+    pooled = with_speedup(summarize([{**r, "domain": "all"} for r in results], gamma)["all"], sps)
+    return {"categories": categories, "macro_tau": sum(c["tau"] for c in categories.values()) / len(categories),
+            "pooled": pooled}
+
+
+def evaluate(target_dir, draft_dir, benches: dict, calib_records, *, temperatures=(0.0, 1.0),
              calibration_temperatures=(1.0,), max_new_tokens=96, seed=0, sts_objective="ece",
-             rounds_out=None) -> dict:
+             rounds_out=None, sps=None) -> dict:
+    """`benches`: name -> prompt records. Per temperature: each bench's categories (tau, rounds,
+    acceptance per position, predicted speedups given `sps`), their macro average, the macro over
+    benches; at the calibration temperatures STS fitted on `calib_records` and ECE / AUROC on every
+    bench's rounds together (prompts the fit never saw)."""
     from sglang_dspark.engine.engine import EngineConfig
     from sglang_dspark.engine.factory import build_engine
 
-    config = EngineConfig(mode="full", max_running=max(len(eval_records), len(calib_records)), seed=seed,
-                          max_len=2048)
-    engine = build_engine(target_dir, draft_dir, config=config)
+    largest = max([len(r) for r in benches.values()] + [len(calib_records)])
+    engine = build_engine(target_dir, draft_dir, config=EngineConfig(mode="full", max_running=largest, seed=seed,
+                                                                     max_len=2048))
     gamma = engine.gamma
     report = {"target": str(target_dir), "draft": str(draft_dir), "gamma": gamma,
-              "max_new_tokens": max_new_tokens, "seed": seed, "by_temperature": {}}
+              "max_new_tokens": max_new_tokens, "seed": seed, "benches": list(benches), "by_temperature": {}}
     for temp in temperatures:
         first_step = engine.records.total
-        evals = run_split(engine, eval_records, temp, max_new_tokens, "eval")
+        entry = {"benches": {}, "domains": {}}
+        evals = []
+        for name, records in benches.items():
+            results = run_split(engine, records, temp, max_new_tokens, name)
+            entry["benches"][name] = bench_summary(results, gamma, sps)
+            entry["domains"].update(entry["benches"][name]["categories"])
+            evals += results
         steps = engine.records.since(first_step)
-        entry = {"domains": summarize(evals, gamma)}
-        taus = [d["tau"] for d in entry["domains"].values()]
-        entry["macro_tau"] = sum(taus) / len(taus)
+        entry["macro_tau"] = sum(b["macro_tau"] for b in entry["benches"].values()) / len(benches)
         entry["draft_ms_per_step"] = sum(r.draft_ms for r in steps) / max(len(steps), 1)
         entry["target_ms_per_step"] = sum(r.target_verify_ms for r in steps) / max(len(steps), 1)
         if engine.runner.drafter.confidence_head is not None and calib_records and temp in calibration_temperatures:
@@ -92,19 +161,54 @@ def evaluate(target_dir, draft_dir, eval_records, calib_records, *, temperatures
             entry["sts_objective"] = sts_objective
             entry["sts_temperatures"] = temps.tolist()
             entry["calibration_rounds"] = int(len_c.numel())
+            entry["eval_rounds"] = int(len_e.numel())
             entry["calibration"] = calibration_report(conf_e, len_e, temps)
             if rounds_out:  # the raw rounds, for refitting STS offline (benchmarks/sts_calibration.py)
                 save_rounds(f"{rounds_out}.t{temp:g}.pt", temp, gamma, {"eval": evals, "calibration": calib})
         report["by_temperature"][f"{temp:g}"] = entry
-    # Headline per-domain numbers at temperature 1 (the paper's setting), the others alongside.
-    headline = report["by_temperature"].get("1", next(iter(report["by_temperature"].values())))
-    report["domains"] = {
-        d: {"tau": v["tau"], **{f"tau_t{t}": e["domains"][d]["tau"]
-                                 for t, e in report["by_temperature"].items()}}
-        for d, v in headline["domains"].items()
-    }
-    report["macro_tau"] = headline["macro_tau"]
     return report
+
+
+def markdown_report(report: dict) -> str:
+    """The paper's table form: per bench, a row per category and the macro average, with tau
+    (and predicted speedup at full verification when a profile was given) per temperature."""
+    temps = list(report["by_temperature"])
+    first = report["by_temperature"][temps[0]]
+    has_speedup = any("speedup_full" in c for c in first["domains"].values())
+    head = [f"tau T={t}" for t in temps]
+    if has_speedup:
+        head = [x for t in temps for x in (f"tau T={t}", f"speedup T={t}")]
+    lines = [f"Drafter `{report['draft']}`, gamma {report['gamma']}, {report['max_new_tokens']} new tokens, "
+             "full-block verification" + ("; speedup predicted at one request from the profile's SPS table "
+                                          "(verifying all drafts)" if has_speedup else "") + ".", ""]
+    for bench in report["benches"]:
+        lines += [f"### {bench}", "", "| category | " + " | ".join(head) + " | rounds |",
+                  "|---|" + "---|" * (len(head) + 1)]
+        categories = list(first["benches"][bench]["categories"])
+        for cat in [*categories, "macro"]:
+            cells = []
+            for t in temps:
+                b = report["by_temperature"][t]["benches"][bench]
+                c = b["categories"].get(cat)
+                cells.append(f"{(c['tau'] if c else b['macro_tau']):.3f}")
+                if has_speedup:
+                    cells.append(f"{(c or b['pooled'])['speedup_full']:.2f}x")
+            rounds = first["benches"][bench]["categories"][cat]["rounds"] if cat != "macro" else ""
+            lines.append(f"| {cat} | " + " | ".join(cells) + f" | {rounds} |")
+        lines.append("")
+    lines.append("Macro over benches: " + ", ".join(
+        f"T={t} {report['by_temperature'][t]['macro_tau']:.3f}" for t in temps))
+    for t in temps:
+        calib = report["by_temperature"][t].get("calibration")
+        if calib:
+            g = len(calib["ece_after"])
+            lines += ["", f"STS at T={t} (fitted on {report['by_temperature'][t]['calibration_rounds']} calibration rounds, "
+                      f"measured on {report['by_temperature'][t]['eval_rounds']} bench rounds):", "",
+                      "| position | " + " | ".join(str(k + 1) for k in range(g)) + " |", "|---|" + "---|" * g]
+            for key, label, scale in (("ece_before", "ECE raw (%)", 100), ("ece_after", "ECE STS (%)", 100),
+                                      ("auroc_after", "AUROC", 1)):
+                lines.append(f"| {label} | " + " | ".join(f"{scale * x:.2f}" for x in calib[key]) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def save_rounds(path, temperature, gamma, splits: dict) -> None:
@@ -127,13 +231,21 @@ def _stack(results, gamma):
     return torch.stack(conf).float(), torch.tensor(lens)
 
 
+def load_hf_target(target_dir):
+    """transformers' own model and tokenizer: the reference greedy equality is checked against."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(target_dir)
+
+
 def greedy_equality(target_dir, draft_dir, num_prompts: int, max_new_tokens: int) -> dict:
     """Greedy speculative output of the engine (full verify, all prompts batched) vs transformers'
     generate(do_sample=False), one prompt at a time, on held-out prompts."""
     from sglang_dspark.engine.engine import EngineConfig
     from sglang_dspark.engine.factory import build_engine
     from sglang_dspark.prompts import load_prompts
-    from sglang_dspark.train.data import load_target
 
     records = load_prompts("builtin:heldout")
     records = [records[i * len(records) // num_prompts] for i in range(num_prompts)]
@@ -141,7 +253,7 @@ def greedy_equality(target_dir, draft_dir, num_prompts: int, max_new_tokens: int
     t0 = time.perf_counter()
     results = run_split(engine, records, 0.0, max_new_tokens, "greedy")
     speculative_s = time.perf_counter() - t0
-    hf, tokenizer = load_target(target_dir)
+    hf, tokenizer = load_hf_target(target_dir)
     rows = []
     for i, (rec, res) in enumerate(zip(records, results)):
         ids = chat_ids(tokenizer, rec.prompt)
@@ -167,26 +279,31 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True, help="target model directory")
     p.add_argument("--draft", required=True, help="drafter checkpoint directory")
-    p.add_argument("--prompts-file", default="builtin:eval", help="evaluation prompts: a JSONL file of "
-                   "{\"domain\", \"prompt\"} lines, builtin:<split>, mt-bench, humaneval or sharegpt "
-                   "(default: %(default)s)")
+    p.add_argument("--bench", "--prompts-file", dest="bench", action="append", default=None,
+                   help="a benchmark to evaluate, repeatable: mt-bench, humaneval, builtin:<split>, sharegpt, "
+                   f"{HELDOUT_SPEC}[:N] or a JSONL file of {{\"domain\", \"prompt\"}} lines; tau is reported per "
+                   "category (the records' domain) (default: builtin:eval)")
     p.add_argument("--calibration-file", default="builtin:calibration",
-                   help="STS calibration prompts, the same kinds of source (default: %(default)s)")
-    p.add_argument("--temperatures", default="0,1", help="comma-separated sampling temperatures")
+                   help="STS calibration prompts, the same kinds of spec; never evaluated on (default: %(default)s)")
+    p.add_argument("--temperatures", default="0,1", help="comma-separated sampling temperatures (default: %(default)s)")
     p.add_argument("--calibration-temperatures", default="1",
-                   help="temperatures at which STS is fitted and ECE/AUROC reported")
-    p.add_argument("--max-new-tokens", type=int, default=96, help="tokens generated per prompt")
-    p.add_argument("--limit", type=int, default=None, help="use only the first N prompts of each split")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+                   help="temperatures at which STS is fitted and ECE/AUROC reported (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=96, help="tokens generated per prompt (default: %(default)s)")
+    p.add_argument("--limit", type=int, default=None,
+                   help="use only the first N prompts of each category of every split (default: all)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--profile", default=None, help="SLA profile YAML: adds the speedup its SPS table predicts "
+                   "at one request from the measured acceptance (default: none)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout (default: Markdown)")
     p.add_argument("--out", help="also write the JSON report to this file")
+    p.add_argument("--markdown", help="also write the Markdown tables to this file")
     p.add_argument("--sts-out", help="write the fitted STS temperatures (first calibration temperature) as "
                    "SGLang's DSparkStsCalibration JSON, for `profile capture --sts` and SGLang's "
                    "--speculative-dspark-confidence-sts-path")
     p.add_argument("--sts-objective", choices=OBJECTIVES, default="ece",
                    help="what each STS temperature minimises on the calibration split: the paper's "
-                   "cumulative ECE, or the log loss (less prone to fit the noise of a small split)")
+                   "cumulative ECE, or the log loss (less prone to fit the noise of a small split) (default: %(default)s)")
     p.add_argument("--rounds-out", help="save every round's raw confidences and accepted length, per split, "
                    "to PREFIX.t<temperature>.pt (for benchmarks/sts_calibration.py)")
     return p
@@ -196,24 +313,29 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from sglang_dspark.prompts import load_prompts
-
+    specs = args.bench or ["builtin:eval"]
     try:
-        eval_records, calib_records = load_prompts(args.prompts_file), load_prompts(args.calibration_file)
-    except (ValueError, FileNotFoundError) as e:
+        benches = {spec: bench_prompts(spec) for spec in specs}
+        calib_records = bench_prompts(args.calibration_file) if args.calibration_file else []
+        sps = sps_from_profile(args.profile) if args.profile else None
+    except (ValueError, FileNotFoundError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.limit:
-        eval_records, calib_records = _per_domain(eval_records, args.limit), _per_domain(calib_records, args.limit)
+        benches = {k: _per_domain(v, args.limit) for k, v in benches.items()}
+        calib_records = _per_domain(calib_records, args.limit)
     temps = tuple(float(t) for t in args.temperatures.split(","))
-    report = evaluate(args.target, args.draft, eval_records, calib_records, temperatures=temps,
+    report = evaluate(args.target, args.draft, benches, calib_records, temperatures=temps,
                       calibration_temperatures=tuple(float(t) for t in args.calibration_temperatures.split(",")),
                       max_new_tokens=args.max_new_tokens, seed=args.seed,
-                      sts_objective=args.sts_objective, rounds_out=args.rounds_out)
+                      sts_objective=args.sts_objective, rounds_out=args.rounds_out, sps=sps)
+    report["profile"] = args.profile
     text = json.dumps(report, indent=2)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
+    markdown = markdown_report(report)
+    for path, content in ((args.out, text), (args.markdown, markdown)):
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(content)
     if args.sts_out:
         sts = sts_from_report(report, dataset=args.calibration_file)
         if sts is None:
@@ -222,11 +344,7 @@ def main(argv=None) -> int:
             return 2
         Path(args.sts_out).parent.mkdir(parents=True, exist_ok=True)
         sts.save(args.sts_out)
-    if args.json:
-        print(text)
-    else:
-        for domain, v in report["domains"].items():
-            print(f"{domain:>8}: " + "  ".join(f"{k}={x:.3f}" for k, x in v.items()))
+    print(text if args.json else markdown)
     return 0
 
 

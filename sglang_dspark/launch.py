@@ -41,7 +41,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "hashes, gamma) matches this launch (default for a zoo model: its shipped profile, "
                         "when it matches)")
     p.add_argument("--force-profile", action="store_true",
-                   help="use --profile even when its fingerprint does not match (the differences are logged)")
+                   help="use --profile even when its fingerprint does not match (the differences are logged); "
+                        "without it, a profile that differs only in hardware or library versions seeds the "
+                        "online SPS table (scaled to this host's measured steps) instead")
+    p.add_argument("--sps-learning", choices=("on", "off"), default="on",
+                   help="scheduled mode: learn the SPS table online from the engine's own steps, seeded by the "
+                        "profile when there is one (on), or use the profile's table as it is, and verify every "
+                        "draft without one (off, SGLang's behaviour)")
     p.add_argument("--sla-tier", metavar="NAME",
                    help="SLA tier of --profile to serve: its per-user tok/s target drives the engine's SLA mode "
                         "(step budgets and admission) and its concurrency limit caps --max-running")
@@ -68,7 +74,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--admin-api-key", metavar="KEY",
                    help="require this key on admin endpoints (/set_internal_state, /flush_cache); with it set, "
                         "--api-key no longer opens them (SGLang's --admin-api-key)")
+    p.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
+                   help="on SIGTERM / SIGINT: stop accepting, give running requests this many seconds, then end "
+                        "the rest with finish_reason \"abort\" (every client gets a complete response)")
+    p.add_argument("--canary-share", type=float, default=0.01, metavar="F",
+                   help="share of greedy requests the reference engine decodes again without speculation, at "
+                        "spare capacity, and compares token for token (sglang_dspark_canary_mismatches_total)")
+    p.add_argument("--canary-dir", type=Path, metavar="DIR",
+                   help="where mismatching canary replays are kept as evidence (JSON lines); default: not kept")
     p.add_argument("--cache-dir", type=Path, default=zoo.DEFAULT_CACHE, help="where zoo models are converted to")
+    gpu = p.add_argument_group("SGLang (GPU) deployments", "passed to SGLang's own flags; see launch/router/README.md "
+                               "for replicas behind sglang-router")
+    gpu.add_argument("--tp", type=int, default=1, metavar="N", help="tensor parallel size (SGLang's --tp-size)")
+    gpu.add_argument("--dp", type=int, default=1, metavar="N", help="data parallel size (SGLang's --dp-size)")
+    gpu.add_argument("--nnodes", type=int, default=1, metavar="N", help="nodes of one tensor-parallel deployment; "
+                     "the dry run prints every node's command")
+    gpu.add_argument("--node-rank", type=int, default=0, metavar="I", help="this node's rank (0 .. nnodes-1)")
+    gpu.add_argument("--dist-init-addr", metavar="HOST:PORT", help="node 0's rendezvous address (needed with --nnodes)")
+    gpu.add_argument("--profile-capture", action="store_true",
+                     help="start SGLang the way `profile capture-http` measures it (static verify, step records on) "
+                          "and print the capture command")
+    gpu.add_argument("--export-dir", type=Path, metavar="DIR",
+                     help="where the profile's SPS / STS JSON for SGLang are written (default: "
+                          "~/.cache/sglang_dspark/sglang/<profile hash>/)")
     p.add_argument("--dry-run", action="store_true",
                    help="print what would be launched (the SGLang command, or the reference engine's plan) and exit")
     return p
@@ -137,12 +165,16 @@ def main(argv: list[str] | None = None) -> int:
         for flag, value in (("--port", args.port), ("--max-running", args.max_running), ("--max-len", args.max_len)):
             if value is not None and not (0 < value < 65536 if flag == "--port" else value > 0):
                 raise LaunchError(f"{flag} {value}: out of range")
+        if not 0.0 <= args.canary_share <= 1.0:
+            raise LaunchError(f"--canary-share {args.canary_share}: must be in [0, 1]")
         engine, why = pick_engine(args.engine)
         logger.info("engine: %s (%s)", engine, why)
         model, zoo_name = resolve_model(args.model, engine, args.cache_dir, materialise=not args.dry_run)
         draft = resolve_draft(args.draft, model, args.mode, engine)
         profile = _load_profile(args, engine, model, draft) or _shipped_profile(args, engine, model, draft, zoo_name)
         name = args.served_model_name or zoo_name or os.path.basename(os.path.normpath(model))
+        if engine == "reference" and args.mode == "scheduled":
+            logger.info("SPS table: %s", _table_plan(args, profile, model, zoo_name))
         if engine == "sglang":
             return _launch_sglang(args, model, draft, profile, name)
         return _launch_reference(args, model, draft, profile, name)
@@ -164,55 +196,106 @@ def _load_profile(args, engine: str, model: str, draft: str | None):
 
     try:
         resolved = resolve_profile(args.profile, engine=engine, model=model, draft=draft, force=args.force_profile,
-                                   tier=args.sla_tier)
+                                   tier=args.sla_tier, seed_ok=_learning(args, engine), tp=args.tp, dp=args.dp)
     except ProfileError as exc:
         raise LaunchError(" ".join(str(exc).split())) from None
     logger.info("profile: %s", resolved.describe())
     return resolved
 
 
+def _learning(args, engine: str) -> bool:
+    """The reference engine learns from any seed; in SGLang the table picks CUDA-graph sizes, so a
+    profile must match there."""
+    return engine == "reference" and args.mode == "scheduled" and args.sps_learning == "on"
+
+
+def _table_plan(args, profile, model: str, zoo_name: str | None) -> str:
+    """What the scheduler's SPS table will be, and the command that improves on it."""
+    url = f"http://{args.host}:{args.port}"
+    capture = (f"python -m sglang_dspark.profile capture --model {zoo_name or model} "
+               f"--out sla_profiles/{zoo_name or 'MODEL'}-cpu.yaml")
+    snapshot = f"python -m sglang_dspark.profile snapshot --base-url {url} --out sla_profiles/learned.yaml"
+    if args.sps_learning == "off":
+        if profile is None:
+            return f"flat (verify every draft, --sps-learning off); to schedule, capture a profile: {capture}"
+        return f"{profile.path} as measured (--sps-learning off)"
+    if profile is None:
+        return ("learned online from this engine's own steps (no profile for this deployment): it starts "
+                "target-only and drafts 1 step in 16 to 128 to measure, until drafting measurably pays. "
+                f"After some load, keep what it learned: {snapshot}")
+    if profile.seed_only:
+        return (f"seeded from {profile.path} (measured elsewhere: {'; '.join(profile.mismatches)}), scaled to this "
+                f"host's measured steps and learned online. To keep this host's table: {snapshot}, or capture "
+                f"one: {capture}")
+    return f"{profile.path}, corrected online from this engine's steps"
+
+
 def _shipped_profile(args, engine: str, model: str, draft: str | None, zoo_name: str | None):
-    """The profile shipped for a zoo model when it was captured on hardware like this one;
-    otherwise None, and the scheduler runs on a flat table (verify everything)."""
-    if zoo_name is None or args.mode != "scheduled":
-        return None
-    path = zoo.shipped_profile(zoo_name, engine)
-    if not path.is_file():
+    """The profile shipped for a zoo model whose fingerprint matches this host; else (learning on)
+    one measured on other hardware, as a seed; else None."""
+    if zoo_name is None or args.mode != "scheduled" or args.profile is not None:
         return None
     from sglang_dspark.profile.resolve import resolve_profile
     from sglang_dspark.profile.schema import ProfileError
 
-    try:
-        resolved = resolve_profile(str(path), engine=engine, model=model, draft=draft)
-    except ProfileError as exc:
-        logger.warning("shipped profile not used, the scheduler verifies every draft: %s. To use it anyway: "
-                       "--profile %s --force-profile", " ".join(str(exc).split()), path)
+    candidates, refused = [], []
+    for path in zoo.shipped_profiles(zoo_name, engine):
+        try:
+            candidates.append(resolve_profile(str(path), engine=engine, model=model, draft=draft,
+                                              seed_ok=_learning(args, engine)))
+        except ProfileError as exc:
+            refused.append(" ".join(str(exc).split()))
+    chosen = next((c for c in candidates if not c.seed_only), None) or next(iter(candidates), None)
+    if chosen is None:
+        for reason in refused:
+            logger.warning("shipped profile not used: %s", reason)
         return None
-    logger.info("profile (shipped): %s", resolved.describe())
-    return resolved
+    logger.info("profile (shipped): %s", chosen.describe())
+    return chosen
 
 
 def _launch_sglang(args, model, draft, profile, name) -> int:
-    import tempfile
-
     from sglang_dspark import launch_sglang
+    from sglang_dspark.profile.fingerprint import draft_gamma
 
-    sps_path = sts_path = None
-    if profile is not None:  # SGLang reads its own JSON files: export them to a dir that outlives the exec
-        out = tempfile.mkdtemp(prefix="dspark-profile-")
-        sps, sts = profile.profile.export_sglang(out)
-        sps_path, sts_path = str(sps), (str(sts) if sts is not None else None)
-        if profile.tier is not None:
-            logger.warning("--sla-tier %s: SGLang has no SLA mode; the tier is not enforced", profile.tier.name)
-
-    argv, env = launch_sglang.build_command(
-        model, draft, args.mode, args.host, args.port, max_running=args.max_running, max_len=args.max_len,
-        seed=args.seed, sps_path=sps_path, sts_path=sts_path, served_model_name=name, api_key=args.api_key,
-        admin_api_key=args.admin_api_key)
-    print(launch_sglang.render(argv, env), flush=True)
+    if not 0 <= args.node_rank < args.nnodes:
+        raise LaunchError(f"--node-rank {args.node_rank}: must be in [0, --nnodes {args.nnodes})")
+    sps = sts = None
+    if profile is not None and not args.profile_capture:
+        sps, sts = launch_sglang.export_profile(profile.profile, profile.path, args.export_dir)
+    deployment = launch_sglang.Deployment(
+        model=model, draft=draft, mode=args.mode, host=args.host, port=args.port, max_running=args.max_running,
+        max_len=args.max_len, seed=args.seed, served_model_name=name, api_key=args.api_key,
+        admin_api_key=args.admin_api_key, tp=args.tp, dp=args.dp, nnodes=args.nnodes,
+        dist_init_addr=args.dist_init_addr, gamma=draft_gamma(draft) if draft and Path(draft).is_dir() else None,
+        profile_path=profile.path if profile is not None else None, sps_path=sps, sts_path=sts,
+        tier=profile.tier if profile is not None else None, sps_learning=args.sps_learning == "on",
+        profile_capture=args.profile_capture, user_plugins=os.environ.get("SGLANG_PLUGINS"))
+    try:
+        nodes = launch_sglang.commands(deployment)
+    except launch_sglang.SglangLaunchError as exc:
+        raise LaunchError(str(exc)) from None
+    if args.dry_run:
+        for node in nodes:
+            if len(nodes) > 1:
+                print(f"# node {node.node_rank} of {len(nodes)}")
+            print(node.render(), flush=True)
+    if args.profile_capture:
+        out = f"sla_profiles/{name}-sglang.yaml"
+        print(f"# once the server is up, measure it:\n{launch_sglang.capture_command(deployment, out)}", flush=True)
     if not args.dry_run:
-        launch_sglang.exec_command(argv, env)
+        launch_sglang.exec_command(nodes[args.node_rank])
     return 0
+
+
+def _identity(model: str, draft: str | None) -> dict:
+    """This deployment's fingerprint (content hashes, hardware, versions), which /server_info reports
+    so that `profile snapshot` can write a profile launch accepts here."""
+    if draft is None:
+        return {}
+    from sglang_dspark.profile.fingerprint import draft_gamma, fingerprint_for
+
+    return fingerprint_for(engine="reference", target_dir=model, draft_dir=draft, gamma=draft_gamma(draft)).model_dump()
 
 
 def _launch_reference(args, model, draft, profile, name) -> int:
@@ -223,7 +306,7 @@ def _launch_reference(args, model, draft, profile, name) -> int:
         max_running = min(max_running, tier.max_concurrency)
     context = min(args.max_len or 1 << 30, model_context_length(model) or 1 << 30)
     if args.dry_run:
-        print(f"reference engine: model={model} draft={draft} mode={args.mode} "
+        print(f"reference engine: model={model} draft={draft} mode={args.mode} sps_learning={args.sps_learning} "
               f"profile={profile.describe() if profile is not None else None} max_running={max_running} "
               f"context={context if context < 1 << 30 else 'model default'} seed={args.seed} served as {name!r} "
               f"on {url} auth={'api-key' if args.api_key else 'none'}"
@@ -235,16 +318,20 @@ def _launch_reference(args, model, draft, profile, name) -> int:
     from sglang_dspark.server import create_app, serve
 
     config = EngineConfig(mode=args.mode, max_running=max_running, max_len=args.max_len, seed=args.seed,
-                          sla_tok_s_per_user=tier.tok_s_per_user if tier is not None else None)
+                          sla_tok_s_per_user=tier.tok_s_per_user if tier is not None else None,
+                          learn_sps=args.sps_learning == "on", canary_share=args.canary_share,
+                          canary_dir=str(args.canary_dir) if args.canary_dir else None)
     try:
         engine = build_engine(model, draft, config=config, model_name=name,
                               sps=profile.profile.sps_table() if profile is not None else None,
-                              sts=profile.profile.sts_temperatures() if profile is not None else None)
+                              sts=profile.profile.sts_temperatures() if profile is not None else None,
+                              sps_seeded=profile is not None and profile.seed_only,
+                              identity=_identity(model, draft))
     except ValueError as exc:
         raise LaunchError(str(exc)) from None
     client = AsyncEngine(engine)
     app = create_app(client, served_model_name=name, api_key=args.api_key, admin_api_key=args.admin_api_key)
-    serve(client, app, args.host, args.port,
+    serve(client, app, args.host, args.port, drain_s=args.drain_timeout,
           ready_line=f"DSpark server ready on {url} (engine=reference, mode={args.mode}, model={name!r})")
     return 0
 

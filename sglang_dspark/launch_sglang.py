@@ -1,56 +1,150 @@
-"""The SGLang launch command for a DSpark deployment (GPU path), built from our launcher's options.
+"""The SGLang side of `launch`: the command and environment of a DSpark deployment on GPUs.
 
 Mode -> SGLang: "target" runs plain SGLang (no speculation); "full" is DSpark with
-SGLANG_RAGGED_VERIFY_MODE=static (verify every draft, scheduler off); "scheduled" is DSpark with
-`compact` (ragged verify sized by the SPS-table scheduler).
+`SGLANG_RAGGED_VERIFY_MODE=static` (verify every draft, scheduler off); "scheduled" is DSpark with
+`compact` (ragged verify sized by the planner), which needs the profile's SPS table: without one
+SGLang falls back to verify-all and ignores the planner, so the launcher refuses instead.
+
+The bundle's plugin (sglang_dspark/sglang_plugin/) runs inside SGLang; the launcher configures it
+by environment: `SGLANG_DSPARK_PROFILE` (the profile), `SGLANG_DSPARK_SLA_TIER`,
+`SGLANG_DSPARK_SPS_LEARNING`. Beyond one node the same command runs on every node with its
+`--node-rank`; replicas go behind `sglang-router` (launch/router/README.md).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import sys
+from dataclasses import dataclass, field
+from pathlib import Path
 
 VERIFY_MODE = {"full": "static", "scheduled": "compact"}
+SHIPPED_PLUGINS = ("smg-servicer", "smg-zmq")  # sglang's own; an allow-list must keep them
+EXPORT_CACHE = Path("~/.cache/sglang_dspark/sglang")
 
 
-def build_command(model: str, draft: str | None, mode: str, host: str, port: int, *,
-                  max_running: int | None = None, max_len: int | None = None, seed: int | None = None,
-                  sps_path: str | None = None, sts_path: str | None = None,
-                  served_model_name: str | None = None, api_key: str | None = None,
-                  admin_api_key: str | None = None) -> tuple[list[str], dict[str, str]]:
-    """(argv, extra environment) for `python -m sglang.launch_server`."""
-    argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", model,
-            "--host", host, "--port", str(port), "--enable-metrics"]
-    env: dict[str, str] = {}
+class SglangLaunchError(ValueError):
+    """A deployment that would not do what it says; the message is the one line the user sees."""
+
+
+@dataclass(frozen=True)
+class Deployment:
+    model: str
+    draft: str | None
+    mode: str
+    host: str = "127.0.0.1"
+    port: int = 30000
+    max_running: int | None = None
+    max_len: int | None = None
+    seed: int | None = None
+    served_model_name: str | None = None
+    api_key: str | None = None
+    admin_api_key: str | None = None
+    tp: int = 1
+    dp: int = 1
+    nnodes: int = 1
+    dist_init_addr: str | None = None
+    gamma: int | None = None  # the drafter's block size
+    profile_path: str | None = None  # a checked SLA profile (profile/resolve.py)
+    sps_path: str | None = None  # its tables, exported for SGLang's own flags
+    sts_path: str | None = None
+    tier: object | None = None  # an SlaTier of the profile
+    sps_learning: bool = False
+    profile_capture: bool = False  # static verify with step records on, for `profile capture-http`
+    user_plugins: str | None = None  # SGLANG_PLUGINS as the user had it
+    env_extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeCommand:
+    node_rank: int
+    argv: list[str]
+    env: dict[str, str]
+
+    def render(self) -> str:
+        """Copy-pasteable: one `export` per variable, then the command on one line."""
+        lines = [f"export {k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
+        return "\n".join(lines + [shlex.join(self.argv)])
+
+
+def export_profile(profile, profile_file: str, out_dir: str | Path | None) -> tuple[str, str | None]:
+    """SGLang's SPS (and STS) JSON from the profile, into `out_dir` or a cache directory named by the
+    profile file's content, so relaunching reuses it and nothing is left in /tmp."""
+    if out_dir is None:
+        digest = hashlib.sha256(Path(profile_file).read_bytes()).hexdigest()[:16]
+        out_dir = EXPORT_CACHE.expanduser() / digest
+    sps, sts = profile.export_sglang(out_dir)
+    return str(sps), None if sts is None else str(sts)
+
+
+def commands(d: Deployment) -> list[NodeCommand]:
+    """One command per node (the same but for --node-rank)."""
+    mode = "full" if d.profile_capture else d.mode
+    if mode != "target" and d.draft is None:
+        raise SglangLaunchError(f"mode {mode!r} needs a drafter (--draft)")
+    if mode == "scheduled" and d.sps_path is None:
+        raise SglangLaunchError("--mode scheduled on SGLang needs a profile for this deployment: compact verify without "
+                                "an SPS table verifies every draft and ignores the planner. Capture one: launch with "
+                                "--profile-capture, then run the printed `profile capture-http` command; or use --mode full")
+    argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", d.model, "--host", d.host,
+            "--port", str(d.port), "--enable-metrics"]
+    env: dict[str, str] = dict(d.env_extra)
     if mode != "target":
-        if draft is None:
-            raise ValueError(f"mode {mode!r} needs a drafter (--draft)")
-        argv += ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", draft]
-        if sps_path:
-            argv += ["--speculative-dspark-sps-table-path", sps_path]
-        if sts_path:
-            argv += ["--speculative-dspark-confidence-sts-path", sts_path]
+        argv += ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", d.draft]
+        if d.gamma:
+            argv += ["--speculative-dspark-block-size", str(d.gamma)]
+        if d.sps_path and not d.profile_capture:
+            argv += ["--speculative-dspark-sps-table-path", d.sps_path]
+        if d.sts_path and not d.profile_capture:
+            argv += ["--speculative-dspark-confidence-sts-path", d.sts_path]
         env["SGLANG_RAGGED_VERIFY_MODE"] = VERIFY_MODE[mode]
+    if d.profile_capture:
+        env["SGLANG_DSPARK_ENABLE_SPS_RECORD"] = "1"
+    elif mode == "scheduled":
+        env["SGLANG_DSPARK_PROFILE"] = str(d.profile_path)
+        if d.tier is not None:
+            env["SGLANG_DSPARK_SLA_TIER"] = d.tier.name
+        if d.sps_learning:
+            env["SGLANG_DSPARK_SPS_LEARNING"] = "1"
+    if d.user_plugins:  # an allow-list: keep the user's, add ours and SGLang's own
+        names = [n.strip() for n in d.user_plugins.split(",") if n.strip()]
+        env["SGLANG_PLUGINS"] = ",".join(dict.fromkeys([*names, "sglang_dspark", *SHIPPED_PLUGINS]))
+    max_running = d.max_running
+    if d.tier is not None and mode == "scheduled":  # SLA admission on SGLang: the tier's concurrency
+        max_running = min(max_running or d.tier.max_concurrency, d.tier.max_concurrency)
     if max_running is not None:
-        argv += ["--max-running-requests", str(max_running)]
-    if max_len is not None:
-        argv += ["--context-length", str(max_len)]
-    if seed is not None:
-        argv += ["--random-seed", str(seed)]
-    if served_model_name:
-        argv += ["--served-model-name", served_model_name]
-    for flag, key in (("--api-key", api_key), ("--admin-api-key", admin_api_key)):
-        if key:
-            argv += [flag, key]
-    return argv, env
+        argv += ["--max-running-requests", str(max_running), "--cuda-graph-max-bs-decode", str(max_running)]
+    for flag, value in (("--context-length", d.max_len), ("--random-seed", d.seed),
+                        ("--served-model-name", d.served_model_name), ("--api-key", d.api_key),
+                        ("--admin-api-key", d.admin_api_key)):
+        if value is not None:
+            argv += [flag, str(value)]
+    if d.tp > 1:
+        argv += ["--tp-size", str(d.tp)]
+    if d.dp > 1:
+        argv += ["--dp-size", str(d.dp)]
+    if d.nnodes == 1:
+        return [NodeCommand(0, argv, env)]
+    if not d.dist_init_addr:
+        raise SglangLaunchError(f"--nnodes {d.nnodes} needs --dist-init-addr HOST:PORT (node 0's address, reachable "
+                                "from every node)")
+    multi = argv + ["--nnodes", str(d.nnodes), "--dist-init-addr", d.dist_init_addr]
+    return [NodeCommand(rank, multi + ["--node-rank", str(rank)], env) for rank in range(d.nnodes)]
 
 
-def render(argv: list[str], env: dict[str, str]) -> str:
-    """One shell line a human can paste."""
-    return " ".join([f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())] + [shlex.quote(a) for a in argv])
+def capture_command(d: Deployment, out: str) -> str:
+    """What to run once a --profile-capture server is up."""
+    words = [sys.executable, "-m", "sglang_dspark.profile", "capture-http", "--base-url",
+             f"http://{d.host}:{d.port}", "--out", out, "--model", d.model]
+    if d.draft:
+        words += ["--draft", d.draft]
+    if d.admin_api_key or d.api_key:
+        words += ["--api-key", d.admin_api_key or d.api_key]
+    return shlex.join(words)
 
 
-def exec_command(argv: list[str], env: dict[str, str]) -> None:
+def exec_command(cmd: NodeCommand) -> None:
     """Replace this process with SGLang's server, so signals and exit codes are SGLang's own."""
-    os.execvpe(argv[0], argv, {**os.environ, **env})
+    os.execvpe(cmd.argv[0], cmd.argv, {**os.environ, **cmd.env})

@@ -7,16 +7,24 @@ several engines (tests, benchmarks) in one process never collide.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import Gauge as _Gauge
 
 _STEP_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
 class EngineMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None):
+    """`gauge_mode`: how prometheus_client's multiprocess mode merges a gauge over processes (the
+    SGLang plugin's "mostrecent"; ignored in a single process)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None, gauge_mode: str = "all"):
         self.registry = registry or CollectorRegistry()
         r = self.registry
+
+        def Gauge(*args, **kwargs):  # noqa: N802 - prometheus_client's Gauge with our merge mode
+            return _Gauge(*args, multiprocess_mode=gauge_mode, **kwargs)
+
         self.accept_length = Histogram(
             "sglang_dspark_accept_length", "Tokens emitted per request per verify step (accepted drafts + 1)",
             buckets=tuple(range(1, 17)), registry=r,
@@ -26,6 +34,14 @@ class EngineMetrics:
         )
         self.position_accepted = Counter(
             "sglang_dspark_position_accepted", "Draft tokens accepted, by block position", ["position"], registry=r
+        )
+        self.budget = Histogram(
+            "sglang_dspark_verify_budget", "Draft tokens the planner budgeted for a decode step (over all requests)",
+            buckets=(0, 1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256), registry=r,
+        )
+        self.sla_requests = Counter(
+            "sglang_dspark_sla_requests", "Finished requests against the SLA tier's tok/s/user: met or missed",
+            ["outcome"], registry=r,
         )
         self.verify_tokens = Histogram(
             "sglang_dspark_verify_tokens", "Verify tokens per decode step (requests + scheduled drafts)",
@@ -52,6 +68,25 @@ class EngineMetrics:
         self.requests_finished = Counter(
             "sglang_dspark_requests_finished", "Finished requests by reason", ["reason"], registry=r
         )
+        # the correctness canary: greedy requests decoded again without speculation
+        self.canary_replays = Counter("sglang_dspark_canary_replays", "Greedy requests replayed without speculation "
+                                      "and compared token for token", registry=r)
+        self.canary_mismatches = Counter("sglang_dspark_canary_mismatches", "Replays whose tokens differed from the "
+                                         "speculative output (should stay 0)", registry=r)
+        # the SPS table the planner reads: where it comes from, how old and how right it is
+        self.sps_source = Gauge("sglang_dspark_sps_table_source", "1 for the source of the SPS table in use",
+                                ["source"], registry=r)
+        self.sps_age = Gauge("sglang_dspark_sps_table_age_seconds", "Seconds since the SPS table was (re)fitted",
+                             registry=r)
+        self.sps_error = Gauge("sglang_dspark_sps_prediction_error",
+                               "Median |predicted - measured| / measured step time over the last 100 steps", registry=r)
+        self.sps_samples = Gauge("sglang_dspark_sps_samples", "Steps the online SPS estimator holds", registry=r)
+        self.probe_steps = Counter("sglang_dspark_probe_steps", "Decode steps that drafted to measure", registry=r)
+        self.guard_blocks = Counter("sglang_dspark_guard_blocks",
+                                    "Times the guard stopped drafting at a batch-size bucket that lost to no drafting",
+                                    registry=r)
+        self.guard_blocked = Gauge("sglang_dspark_guard_blocked_buckets", "Batch-size buckets where drafting is "
+                                   "stopped now", registry=r)
 
     def observe_positions(self, verified: list[int], accepted: list[int]) -> None:
         """verified[k] / accepted[k]: counts at block position k in one step."""
@@ -66,6 +101,19 @@ class EngineMetrics:
         if predicted is not None and measured > 0:
             self.predicted_step_seconds.observe(predicted)
             self.step_time_abs_rel_error.observe(abs(predicted - measured) / measured)
+
+    def observe_policy(self, policy, probe: bool, new_blocks: int) -> None:
+        """After a decode step: the speculation policy's table and guard (engine/policy.py)."""
+        self.sps_source.labels(source=policy.source).set(1.0)  # fixed for an engine's life
+        self.sps_age.set(policy.clock() - policy.table_since)
+        if policy.prediction_error is not None:
+            self.sps_error.set(policy.prediction_error)
+        self.sps_samples.set(len(policy.learner.samples) if policy.learner is not None else 0)
+        self.guard_blocked.set(len(policy.guard.blocked_buckets()))
+        if probe:
+            self.probe_steps.inc()
+        if new_blocks:
+            self.guard_blocks.inc(new_blocks)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

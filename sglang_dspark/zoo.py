@@ -155,8 +155,11 @@ def describe_shipped_drafters() -> str:
     return ", ".join(f"{d} (for {meta.get('target', '?')})" for d, meta in shipped_drafters().items()) or "none"
 
 
-def shipped_profile(zoo_name: str, engine: str) -> Path:
-    return SHIPPED_PROFILES / f"{zoo_name}-{'cpu' if engine == 'reference' else engine}.yaml"
+def shipped_profiles(zoo_name: str, engine: str) -> list[Path]:
+    """The profiles shipped for a zoo model and engine, one per hardware class:
+    `sla_profiles/<name>-cpu*.yaml` for the reference engine, `<name>-sglang*.yaml` for SGLang."""
+    kind = "cpu" if engine == "reference" else engine
+    return sorted(SHIPPED_PROFILES.glob(f"{zoo_name}-{kind}*.yaml"))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -31,3 +31,38 @@ def tiny_drafter(seed: int = 0, **overrides) -> DSparkDrafter:
     if drafter.markov_head is not None:  # a zero W2 would hide Markov-path bugs
         nn.init.normal_(drafter.markov_head.markov_w2.weight, std=0.5)
     return drafter.eval()
+
+
+SPECIALS = ["<unk>", "<s>", "</s>", "<mask>"]
+CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }} {{ m['content'] }} {% endfor %}"
+                 "{% if add_generation_prompt %}<s>assistant {% endif %}")
+
+
+def write_tiny_model_dirs(root, max_position_embeddings: int | None = None) -> tuple[str, str]:
+    """A tiny random llama target with a word-level tokenizer ("w5 w6" are tokens) and a tiny
+    drafter for it, as directories on disk, the way build_engine and the launcher read them."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from sglang_dspark.drafter.checkpoint import save_drafter
+
+    # role names are words too, so the template's output tokenizes without <unk>
+    words = ["user", "system", "assistant"]
+    words += [f"w{i}" for i in range(TINY_TARGET["vocab_size"] - len(SPECIALS) - len(words))]
+    vocab = {t: i for i, t in enumerate(SPECIALS + words)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>",
+                                        eos_token="</s>", mask_token="<mask>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    target_dir, draft_dir = root / "target", root / "draft"
+    fields = {k: v for k, v in TINY_TARGET.items() if k not in ("model_type", "architectures")}
+    if max_position_embeddings is not None:
+        fields["max_position_embeddings"] = max_position_embeddings
+    config = LlamaConfig(**fields, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(target_dir)
+    tokenizer.save_pretrained(target_dir)
+    drafter = tiny_drafter()
+    save_drafter(drafter, drafter.config, draft_dir)
+    return str(target_dir), str(draft_dir)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from sglang_dspark.drafter import DSparkDraftConfig, DSparkDrafter
+from sglang_dspark.drafter import DraftOutput, DSparkDraftConfig, DSparkDrafter
 from sglang_dspark.engine.engine import Engine, EngineConfig
 from sglang_dspark.engine.target_model import TargetModel
 
@@ -80,3 +80,56 @@ def tiny_engine(mode: str = "scheduled", *, seed: int = 0, sps=None, max_running
 def run_to_completion(engine: Engine, prompts, params_list) -> list[list[int]]:
     """Submit all prompts at once and step the engine (no thread) until every one finished."""
     return engine.generate(prompts, params_list, max_steps=100_000)
+
+
+class OracleDrafter:
+    """Proposes the target's own greedy continuation of one known prompt (`reference`), corrupting
+    draft 3 of every other block, so both full acceptance and mid-block rejection happen; its
+    drafts are one-hot, so verification stays exact. Blocks of any other request come from the
+    wrapped drafter."""
+
+    def __init__(self, drafter, prompt: list[int], reference: list[int]):
+        self.inner, self.prompt_len, self.reference = drafter, len(prompt), reference
+        self.gamma, self.config, self.confidence_head = drafter.gamma, drafter.config, drafter.confidence_head
+        self.rounds = 0
+
+    def draft(self, cache, slots, anchors, anchor_pos, sampler=None, generator=None):
+        out = self.inner.draft(cache, slots, anchors, anchor_pos, sampler=sampler)
+        i = int(anchor_pos[0]) - self.prompt_len  # index of the anchor in the reference output
+        if len(slots) != 1 or i < 0 or i + 1 + self.gamma > len(self.reference) or self.reference[i] != int(anchors[0]):
+            return out
+        tokens = torch.tensor(self.reference[i + 1 : i + 1 + self.gamma])[None]
+        self.rounds += 1
+        if self.rounds % 2:
+            tokens[0, 3] = (tokens[0, 3] + 1) % VOCAB
+        probs = torch.nn.functional.one_hot(tokens, VOCAB).float()
+        return DraftOutput(tokens=tokens, probs=probs, conf_logits=out.conf_logits)
+
+
+def greedy_reference(hf, prompt: list[int], n: int) -> list[int]:
+    """transformers' own greedy continuation of `prompt`, exactly `n` tokens (EOS is not special)."""
+    out = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n, min_new_tokens=n,
+                      eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+class RejectedDrafter:
+    """A drafter fault: for the one known prompt (`reference` is the target's greedy continuation),
+    every draft is a token the target's greedy choice is not, so no draft is ever accepted. Rows
+    it cannot place keep the wrapped drafter's blocks."""
+
+    def __init__(self, drafter, prompt: list[int], reference: list[int]):
+        self.inner, self.prompt_len, self.reference = drafter, len(prompt), reference
+
+    def __getattr__(self, name):  # everything but draft() is the wrapped drafter's
+        return getattr(self.inner, name)
+
+    def draft(self, cache, slots, anchors, anchor_pos, sampler=None, generator=None):
+        out = self.inner.draft(cache, slots, anchors, anchor_pos, sampler=sampler)
+        tokens = out.tokens.clone()
+        for row in range(len(slots)):
+            i = int(anchor_pos[row]) - self.prompt_len
+            if 0 <= i and i + 1 + self.gamma <= len(self.reference) and self.reference[i] == int(anchors[row]):
+                tokens[row] = (torch.tensor(self.reference[i + 1 : i + 1 + self.gamma]) + 1) % VOCAB
+        probs = torch.nn.functional.one_hot(tokens, VOCAB).float()
+        return DraftOutput(tokens=tokens, probs=probs, conf_logits=out.conf_logits)

@@ -116,8 +116,6 @@ def test_hot_vocab_ranks_by_count_and_coverage_adds_up():
     assert cli.hot_vocab(counts, 10).tolist() == [3, 1, 2, 4, 0, 5]
     cov = cli.coverage(counts, (1, 2, 4, 6))
     assert cov[1] == pytest.approx(9 / 18) and cov[2] == pytest.approx(14 / 18) and cov[4] == cov[6] == 1.0
-    seqs, lens = [[7, 7, 1, 3, 3], [9, 3]], [2, 1]
-    assert cli.response_token_counts(seqs, lens, 10).tolist() == [0, 1, 0, 3, 0, 0, 0, 0, 0, 0]
 
 
 def test_cli_refuses_without_a_training_summary_or_with_a_bad_size(tmp_path, capsys):
@@ -140,5 +138,5 @@ def test_shipped_draft_vocabulary_is_valid_for_its_drafter():
     shipped = Path(__file__).resolve().parents[1] / "launch" / "models" / "smollm2-135m-instruct-dspark"
     ids = load_draft_vocab(shipped / DRAFT_VOCAB_NAME)
     vocab_size = load_config(shipped).vocab_size
-    assert ids.dim() == 1 and ids.numel() == 4096 and ids.unique().numel() == 4096
+    assert ids.dim() == 1 and 1 <= ids.numel() <= vocab_size and ids.unique().numel() == ids.numel()
     assert 0 <= int(ids.min()) and int(ids.max()) < vocab_size

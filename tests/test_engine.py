@@ -1,8 +1,9 @@
 """Reference engine: greedy equality with transformers, statistical equality of sampling, and
 request lifecycle (EOS, max_tokens, stop strings, aborts, slot reuse)."""
 
+import pytest
 import torch
-from engine_fixtures import EOS, VOCAB, ToyTokenizer, run_to_completion, tiny_engine, tiny_hf_target
+from engine_fixtures import EOS, VOCAB, TickClock, ToyTokenizer, run_to_completion, tiny_engine, tiny_hf_target
 from scipy import stats
 
 from sglang_dspark.core.sps import SpsTable
@@ -27,9 +28,12 @@ def test_greedy_output_equals_transformers_in_every_mode():
     prompts = [torch.randint(4, VOCAB, (int(n),), generator=g).tolist() for n in torch.randint(3, 40, (10,), generator=g)]
     expected = [hf_greedy(hf, p, 24) for p in prompts]
     params = [SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)] * len(prompts)
-    for mode, sps in (("target", None), ("full", None), ("scheduled", jagged_sps())):
-        engine = tiny_engine(mode, hf=hf, sps=sps, max_running=4, prefill_chunk=32)
-        assert run_to_completion(engine, prompts, params) == expected, mode
+    # scheduled: a static table, the table learned online from nothing, and a seed scaled to this
+    # host; the learned cuts depend on measured times only, never on this step's drafts
+    for mode, sps, learn in (("target", None, False), ("full", None, False), ("scheduled", jagged_sps(), False),
+                             ("scheduled", None, True), ("scheduled", jagged_sps(), True)):
+        engine = tiny_engine(mode, hf=hf, sps=sps, max_running=4, prefill_chunk=32, learn_sps=learn)
+        assert run_to_completion(engine, prompts, params) == expected, (mode, sps is not None, learn)
 
 
 def exact_marginals(hf, prompt):
@@ -61,18 +65,25 @@ def sample_tokens_2_and_3(engine, prompt, n, seed):
     return [o[1] for o in outs], [o[2] for o in outs]
 
 
-def test_sampled_output_follows_the_target_distribution():
+@pytest.mark.parametrize("learn,min_accepted", [(False, 500), (True, 200)])
+def test_sampled_output_follows_the_target_distribution(learn, min_accepted):
     """Tokens 2 and 3 are the first ones produced by speculative verification. 4000 samples per
     prompt; chi-square at ALPHA = 1e-3. Power: the same harness rejects a drafter whose reported
-    probabilities are not the ones it sampled from (next test)."""
+    probabilities are not the ones it sampled from (next test).
+
+    With `learn` the cuts come from a table refitted online from this engine's measured step times
+    (machine-dependent, changing as the run goes): still exact, because each step's capacity is a
+    function of earlier steps only (their times and lagged confidences) and the allocation is
+    top-K over this step's non-increasing survivals, so no draft's admission depends on itself."""
     hf = tiny_hf_target(peaky=12.0)
     for prompt in ([5, 9, 11], [7, 7, 30, 12, 4]):
         m2, m3 = exact_marginals(hf, prompt)
-        engine = tiny_engine("scheduled", hf=hf, sps=jagged_sps(), max_running=16, seed=len(prompt))
+        engine = tiny_engine("scheduled", hf=hf, sps=jagged_sps(), max_running=16, seed=len(prompt), learn_sps=learn)
         t2, t3 = sample_tokens_2_and_3(engine, prompt, 4000, seed=0)
         assert chi2_pvalue(t2, m2) > ALPHA and chi2_pvalue(t3, m3) > ALPHA
         accepted = sum(r.accepted_drafts for r in engine.records)
-        assert accepted > 500  # speculation really happened
+        assert accepted > min_accepted  # speculation really happened
+        assert (engine.policy.learner is not None and engine.policy.learner.refits > 1) == learn
 
 
 def test_biased_verification_is_detected_by_the_same_harness():
@@ -145,7 +156,7 @@ def test_prompt_that_does_not_fit_is_refused():
 def test_scheduled_engine_skips_the_drafter_when_no_draft_pays_and_probes_periodically():
     hf = tiny_hf_target()
     steep = SpsTable.from_points([1, 2], [100.0, 1.0], max_batch_tokens=64)  # any draft halves throughput
-    engine = tiny_engine("scheduled", hf=hf, sps=steep, max_running=1, probe_every=4)
+    engine = tiny_engine("scheduled", hf=hf, sps=steep, max_running=1, probe_every=4, learn_sps=False, clock=TickClock())
     calls = []
     original = engine.runner.drafter.draft
     engine.runner.drafter.draft = lambda *a, **k: calls.append(1) or original(*a, **k)
@@ -165,7 +176,7 @@ def test_scheduled_engine_measures_first_then_drafts_where_drafting_pays():
     next step already verifies drafts (the new request inherits the measured prior)."""
     hf = tiny_hf_target()
     cheap = SpsTable.from_points([1, 64], [100.0, 100.0], max_batch_tokens=64)  # verify tokens are free
-    engine = tiny_engine("scheduled", hf=hf, sps=cheap, max_running=1)
+    engine = tiny_engine("scheduled", hf=hf, sps=cheap, max_running=1, learn_sps=False, clock=TickClock())
     out = run_to_completion(engine, [[5, 9, 11]], [SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)])[0]
     assert out == hf_greedy(hf, [5, 9, 11], 20)
     budgets = [r.budget for r in engine.records]
@@ -175,7 +186,7 @@ def test_scheduled_engine_measures_first_then_drafts_where_drafting_pays():
 def test_probes_back_off_and_new_requests_use_the_observed_prior():
     hf = tiny_hf_target()
     steep = SpsTable.from_points([1, 2], [100.0, 1.0], max_batch_tokens=64)
-    engine = tiny_engine("scheduled", hf=hf, sps=steep, max_running=1, probe_every=4, probe_max=16)
+    engine = tiny_engine("scheduled", hf=hf, sps=steep, max_running=1, probe_every=4, probe_max=16, learn_sps=False, clock=TickClock())
     calls = []
     original = engine.runner.drafter.draft
     engine.runner.drafter.draft = lambda *a, **k: calls.append(1) or original(*a, **k)

@@ -6,9 +6,8 @@ import os
 import pytest
 import torch
 
-from engine_fixtures import VOCAB, tiny_engine, tiny_hf_target
+from engine_fixtures import OracleDrafter, greedy_reference, tiny_engine, tiny_hf_target
 from sglang_dspark.core.calibration import StsCalibration
-from sglang_dspark.drafter import DraftOutput
 from sglang_dspark.engine.sampling import SamplingParams
 from sglang_dspark.evaluate import run_split, save_rounds, sts_from_report, summarize
 from sglang_dspark.prompts import PromptRecord
@@ -20,38 +19,12 @@ def _records(*pairs) -> list[PromptRecord]:
     return [PromptRecord(id=str(i), source="test", domain=d, prompt=p) for i, (d, p) in enumerate(pairs)]
 
 
-class OracleDrafter:
-    """Proposes the target's true greedy continuation, corrupting slot 3 of every other block,
-    so both full acceptance and mid-block rejection are exercised."""
-
-    def __init__(self, drafter, reference, prompt_len):
-        self.inner, self.reference, self.prompt_len = drafter, reference, prompt_len
-        self.gamma, self.config, self.confidence_head = drafter.gamma, drafter.config, None
-        self.rounds = 0
-
-    def draft(self, cache, slots, anchors, anchor_pos, sampler=None, generator=None):
-        out = self.inner.draft(cache, slots, anchors, anchor_pos, sampler=sampler)
-        i = int(anchor_pos[0]) - self.prompt_len  # index of the anchor in the reference output
-        tokens = torch.tensor(self.reference[i + 1 : i + 1 + self.gamma])[None]
-        self.rounds += 1
-        if self.rounds % 2:
-            tokens[0, 3] = (tokens[0, 3] + 1) % VOCAB
-        probs = torch.nn.functional.one_hot(tokens, VOCAB).float()
-        return DraftOutput(tokens=tokens, probs=probs, conf_logits=out.conf_logits)
-
-
-def _reference(hf, prompt, n):
-    out = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n, min_new_tokens=n,
-                      eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
-
-
 def test_greedy_equality_holds_when_drafts_are_accepted():
     hf = tiny_hf_target(seed=2)
     prompt = [5, 9, 13, 7, 21]
-    reference = _reference(hf, prompt, 60)
+    reference = greedy_reference(hf, prompt, 60)
     engine = tiny_engine("full", hf=hf, max_running=1)
-    engine.runner.drafter = OracleDrafter(engine.runner.drafter, reference, len(prompt))
+    engine.runner.drafter = OracleDrafter(engine.runner.drafter, prompt, reference)
     accepted = []
     engine.add_round_observer(lambda rid, n, verified, conf: accepted.append(n))
     out = engine.generate([prompt], [SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)])[0]

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
-import shlex
 import sys
 
 import pytest
 
 from sglang_dspark import launch
 from test_profiles import make_model_dirs, make_profile
-from sglang_dspark.launch_sglang import build_command
 
 
 @pytest.fixture
@@ -20,59 +17,6 @@ def dirs(tmp_path):
     # an SLA profile measured "on this machine" for the SGLang engine, with these directories
     make_profile(engine="sglang", target_dir=target, draft_dir=draft).save(tmp_path / "profile.yaml")
     return tmp_path
-
-
-@pytest.fixture(scope="module")
-def sglang_parser():
-    from sglang.srt.server_args import ServerArgs
-
-    parser = argparse.ArgumentParser(exit_on_error=False)
-    ServerArgs.add_cli_args(parser)
-    return parser
-
-
-def _sglang_argv(printed: str) -> tuple[dict[str, str], list[str]]:
-    words = shlex.split(printed)
-    start = words.index("sglang.launch_server") + 1
-    assert words[start - 3:start] == [sys.executable, "-m", "sglang.launch_server"]
-    return dict(w.split("=", 1) for w in words[: start - 3]), words[start:]
-
-
-@pytest.mark.sglang
-def test_sglang_dry_run_parses_with_sglangs_own_parser(dirs, capsys, sglang_parser):
-    rc = launch.main(["--model", str(dirs / "target"), "--draft", str(dirs / "draft"), "--engine", "sglang",
-                      "--profile", str(dirs / "profile.yaml"), "--max-running", "8",
-                      "--max-len", "2048", "--port", "31000", "--dry-run"])
-    assert rc == 0
-    env, argv = _sglang_argv(capsys.readouterr().out.strip())
-    assert env == {"SGLANG_RAGGED_VERIFY_MODE": "compact"}
-    args = sglang_parser.parse_args(argv)
-    assert (args.model_path, args.speculative_algorithm, args.speculative_draft_model_path) == (
-        str(dirs / "target"), "DSPARK", str(dirs / "draft"))
-    # the profile's tables, exported for SGLang's own loaders
-    exported = json.loads(open(args.speculative_dspark_sps_table_path).read())
-    assert exported["sample_batch_tokens"] == [1, 4, 8, 16, 32]
-    assert json.loads(open(args.speculative_dspark_confidence_sts_path).read())["temperatures"] == [1.0, 1.3, 0.7]
-    assert (args.max_running_requests, args.context_length, args.port, args.host) == (8, 2048, 31000, "127.0.0.1")
-    assert args.enable_metrics
-
-
-@pytest.mark.sglang
-@pytest.mark.parametrize("mode,verify", [("full", "static"), ("scheduled", "compact"), ("target", None)])
-def test_sglang_modes(mode, verify, sglang_parser):
-    argv, env = build_command("m", "d", mode, "127.0.0.1", 30000, seed=3, served_model_name="x")
-    assert env.get("SGLANG_RAGGED_VERIFY_MODE") == verify
-    args = sglang_parser.parse_args(argv[3:])
-    assert args.speculative_algorithm == (None if mode == "target" else "DSPARK")
-    assert (args.random_seed, args.served_model_name) == (3, "x")
-
-
-@pytest.mark.sglang
-def test_sglang_parser_rejects_a_misspelt_flag(sglang_parser):
-    argv, _ = build_command("m", "d", "scheduled", "127.0.0.1", 30000)
-    bad = [a.replace("--speculative-draft-model-path", "--speculative-draft-model-pth") for a in argv[3:]]
-    with pytest.raises((argparse.ArgumentError, SystemExit)):
-        sglang_parser.parse_args(bad)
 
 
 def test_reference_dry_run(dirs, capsys):
@@ -132,3 +76,50 @@ def test_module_help_runs_without_loading_models():
     out = subprocess.run([sys.executable, "-m", "sglang_dspark.launch", "--help"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0 and "--dry-run" in out.stdout
+
+
+def test_a_non_drafter_draft_is_one_line(dirs, capsys):
+    rc = launch.main(["--model", str(dirs / "target"), "--draft", str(dirs / "target"), "--engine", "reference",
+                      "--dry-run"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err
+    assert err == f"error: --draft {dirs / 'target'}: not a DSpark drafter directory (config.json has no " \
+                  "target_layer_ids, mask_token_id; drafters are written by python -m sglang_dspark.train)"
+
+
+def test_model_dir_finds_the_shipped_drafter_by_target_hash(dirs, tmp_path, monkeypatch, capsys, caplog):
+    from sglang_dspark import zoo
+
+    shipped = tmp_path / "shipped"
+    for name, target_hash in (("other-dspark", "0" * 64), ("mine-dspark", zoo.dir_sha256(dirs / "target"))):
+        (shipped / name).mkdir(parents=True)
+        (shipped / name / zoo.TARGET_FILE).write_text(json.dumps({"target": name[:-7], "target_sha256": target_hash}))
+    monkeypatch.setattr(zoo, "SHIPPED_DRAFTS", shipped)
+    with caplog.at_level("INFO"):
+        assert launch.main(["--model", str(dirs / "target"), "--engine", "reference", "--dry-run"]) == 0
+    assert f"draft={shipped / 'mine-dspark'}" in capsys.readouterr().out
+    assert any("shipped; trained for this target" in r.getMessage() for r in caplog.records)
+
+    (shipped / "mine-dspark" / zoo.TARGET_FILE).unlink()  # no match left: say which drafters exist
+    assert launch.main(["--model", str(dirs / "target"), "--engine", "reference", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "no shipped drafter was trained for" in err and f"{shipped / 'other-dspark'} (for other)" in err
+
+
+def test_served_name_and_context_default_to_the_model(dirs, capsys):
+    (dirs / "target" / "config.json").write_text(json.dumps({"model_type": "llama", "max_position_embeddings": 4096}))
+    assert launch.main(["--model", str(dirs / "target"), "--mode", "target", "--engine", "reference", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "served as 'target'" in out and "context=4096 " in out
+    assert launch.main(["--model", str(dirs / "target"), "--mode", "target", "--engine", "reference", "--dry-run",
+                        "--max-len", "1024", "--served-model-name", "alias"]) == 0
+    out = capsys.readouterr().out
+    assert "served as 'alias'" in out and "context=1024 " in out
+
+
+def test_help_shows_every_default():
+    text = launch.build_parser().format_help().split("options:", 1)[1]
+    for flag, default in (("--port", "30000"), ("--host", "127.0.0.1"), ("--mode", "scheduled"),
+                          ("--max-running", "16"), ("--engine", "auto")):
+        section = text.split(f"  {flag} ", 1)[1].split("\n  --", 1)[0]
+        assert f"(default: {default})" in " ".join(section.split()), flag

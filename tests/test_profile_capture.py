@@ -6,7 +6,7 @@ import pytest
 from engine_fixtures import tiny_engine
 
 from sglang_dspark.core.sps import SpsTable
-from sglang_dspark.core.sps_fit import fit_additive, fit_draft_skip
+from sglang_dspark.core.sps_fit import fit_step_table
 from sglang_dspark.profile.capture import budget_grid, capture
 from sglang_dspark.profile.measure import fit_section, summarize
 
@@ -43,9 +43,8 @@ def _points(step_ms, noise=None):
 
 
 def _fit(points):
-    drafted = [(r, b, ms / 1e3) for r, b, ms in points if b > r]
-    additive = fit_additive(*zip(*drafted))
-    skip = fit_draft_skip(additive, {r: ms / 1e3 for r, b, ms in points if b == r})
+    r, b, ms = zip(*points)
+    additive, skip = fit_step_table(r, b, [x / 1e3 for x in ms], [bb > rr for rr, bb in zip(r, b)])
     return additive, SpsTable(additive, skip)
 
 
@@ -78,12 +77,13 @@ def test_weights_let_recent_steps_win():
     points = [(r, b, s) for r in (1, 2) for b in range(r + 1, r + 6) for s in (0.010 * b, 0.020 * b)]
     r, b, s = zip(*points)
     weights = [1.0 if i % 2 else 1e-4 for i in range(len(points))]  # odd rows: the slow regime
-    table = SpsTable(fit_additive(r, b, s, weights))
+    table = SpsTable(fit_step_table(r, b, s, weights=weights)[0])
     assert 1.0 / table(4, num_requests=2) == pytest.approx(0.080, rel=0.05)
 
 
 def test_draft_skip_is_validated():
-    additive = fit_additive([1, 2, 2], [2, 3, 4], [0.005, 0.006, 0.007])
+    additive, skip = fit_step_table([1, 2, 2], [2, 3, 4], [0.005, 0.006, 0.007])
+    assert skip is None  # every step drafted: no saving to fit
     assert additive.bs_probes == [1, 2]
     with pytest.raises(ValueError, match="draft_skip_seconds"):
         SpsTable(additive, [0.001])

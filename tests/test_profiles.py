@@ -46,9 +46,9 @@ def _row(r, b, median, p10, p90, repeats) -> Measurement:
 
 
 def make_profile(*, gamma: int = 3, engine: str = "reference", target_dir=None, draft_dir=None, additive: bool = False,
-                 sts: bool = True) -> SlaProfile:
+                 sts: bool = True, tp: int = 1, dp: int = 1) -> SlaProfile:
     if target_dir is not None:
-        fp = fingerprint_for(engine=engine, target_dir=target_dir, draft_dir=draft_dir, gamma=gamma)
+        fp = fingerprint_for(engine=engine, target_dir=target_dir, draft_dir=draft_dir, gamma=gamma, tp=tp, dp=dp)
     else:
         fp = Fingerprint(engine=engine, hardware="cpu: Test CPU x2", torch="2.14.1", sglang="0.5.23",
                          target_sha256="a" * 64, draft_sha256="b" * 64, gamma=gamma)

@@ -10,7 +10,7 @@ from concurrent.futures import Future
 import pytest
 from fastapi.testclient import TestClient
 
-from sglang_dspark.engine.request import RequestOutput
+from sglang_dspark.engine.request import ContextLengthError, RequestOutput
 from sglang_dspark.server import create_app
 
 REPLY = "Hello there"
@@ -53,6 +53,7 @@ class FakeEngine:
         self.submitted: list[tuple[list[int], object, str]] = []
         self.aborted: list[str] = []
         self.hold = False
+        self.stuck = False
         self.knobs: list = []
         self.busy = False
         self._abort_events: dict[str, threading.Event] = {}
@@ -61,8 +62,8 @@ class FakeEngine:
         if not prompt_ids:
             raise ValueError("prompt: must contain at least one token")
         if len(prompt_ids) + params.max_tokens > self.max_len:
-            raise ValueError(f"prompt ({len(prompt_ids)} tokens) plus max_tokens ({params.max_tokens}) "
-                             f"exceeds the context limit of {self.max_len} tokens")
+            raise ContextLengthError(f"prompt ({len(prompt_ids)} tokens) plus max_tokens ({params.max_tokens}) "
+                                     f"exceeds the context limit of {self.max_len} tokens")
         self.submitted.append((list(prompt_ids), params, request_id))
         self._abort_events[request_id] = event = threading.Event()
         threading.Thread(target=self._run, args=(prompt_ids, params, callback, request_id, event)).start()
@@ -70,6 +71,8 @@ class FakeEngine:
 
     def _run(self, prompt_ids, params, callback, rid, aborted: threading.Event) -> None:
         reply = REPLY.encode()[: params.max_tokens]
+        if self.stuck:  # produces nothing until aborted
+            aborted.wait(5)
         for i, tok in enumerate(reply):
             if self.hold and i == 1:
                 aborted.wait(5)
@@ -83,6 +86,9 @@ class FakeEngine:
     def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
         self._abort_events[request_id].set()
+
+    def model_info(self) -> dict:
+        return {"model_path": "/models/fake", "tokenizer_path": "/models/fake", "is_generation": True}
 
     def server_info(self) -> Future:
         return _done({"internal_states": [{"dspark_info_record": {"mode": "scheduled", "gamma": 4, "records": []}}]})
@@ -133,11 +139,30 @@ def test_health_models_info_metrics(client):
     assert b"sglang_dspark_verify_steps_total" in metrics.content
 
 
-def test_flush_cache(client, engine):
+def test_flush_cache_on_get_and_post(client, engine):
     assert client.post("/flush_cache").status_code == 200
+    assert client.get("/flush_cache").text == "Cache flushed.\n"  # SGLang serves both methods
     engine.busy = True
-    r = client.post("/flush_cache")
+    r = client.get("/flush_cache")
     assert r.status_code == 400 and "running" in r.json()["error"]["message"]
+
+
+def test_health_generate_runs_one_token_end_to_end(client, engine, monkeypatch):
+    assert client.get("/health_generate").status_code == 200
+    assert engine.submitted[-1][1].max_tokens == 1
+    from sglang_dspark.server import native_api
+
+    monkeypatch.setattr(native_api, "HEALTH_GENERATE_TIMEOUT_S", 0.2)
+    engine.stuck = True
+    r = client.get("/health_generate")
+    assert r.status_code == 503 and "no token" in r.json()["error"]["message"]
+    assert engine.aborted[-1] == engine.submitted[-1][2]  # the probe request is not left running
+
+
+def test_context_length_error_has_openais_code(client):
+    r = client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 60})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["code"] == "context_length_exceeded" and error["param"] == "messages"
 
 
 def test_served_model_name(engine):
@@ -252,6 +277,7 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", {"messages": "hi"}, 400, "messages"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "assistant", "content": "x"}]}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages.0.role"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
      "messages.0.content"),
     ("/v1/chat/completions", {**CHAT, "max_tokens": 60}, 400, "messages"),  # prompt + max_tokens > 64

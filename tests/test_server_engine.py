@@ -10,41 +10,17 @@ import time
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from drafter_fixtures import TINY_TARGET, tiny_drafter
+from drafter_fixtures import write_tiny_model_dirs
 from loopback_server import serve_on_loopback
-from sglang_dspark.drafter.checkpoint import save_drafter
 from sglang_dspark.server import create_app
 from sglang_dspark.engine.async_engine import AsyncEngine
 from sglang_dspark.engine.engine import EngineConfig
 from sglang_dspark.engine.factory import build_engine
 
-SPECIALS = ["<unk>", "<s>", "</s>", "<mask>"]
-CHAT_TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }} {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}<s>assistant {% endif %}"
-
-
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    # role names are words too, so the template's output tokenizes without <unk>
-    words = ["user", "system", "assistant"]
-    words += [f"w{i}" for i in range(TINY_TARGET["vocab_size"] - len(SPECIALS) - len(words))]
-    vocab = {t: i for i, t in enumerate(SPECIALS + words)}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>",
-                                        eos_token="</s>", mask_token="<mask>")
-    tokenizer.chat_template = CHAT_TEMPLATE
-    target_dir, draft_dir = root / "target", root / "draft"
-    config = LlamaConfig(**{k: v for k, v in TINY_TARGET.items() if k not in ("model_type", "architectures")},
-                         bos_token_id=1, eos_token_id=2)
-    LlamaForCausalLM(config).save_pretrained(target_dir)
-    tokenizer.save_pretrained(target_dir)
-    drafter = tiny_drafter()
-    save_drafter(drafter, drafter.config, draft_dir)
-    return str(target_dir), str(draft_dir)
+    return write_tiny_model_dirs(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")
@@ -110,3 +86,17 @@ def test_client_disconnect_frees_the_slot(engine):
                 next(r.iter_lines())
         _wait_idle(engine)
         assert _aborted(engine) == before + 1
+
+
+def test_model_info_names_a_directory_a_router_can_load_the_tokenizer_from(engine, model_dirs):
+    """sglang-router registers a worker from /model_info and loads the tokenizer from model_path."""
+    from transformers import AutoTokenizer
+
+    with TestClient(create_app(engine, served_model_name="tiny")) as client:
+        for path in ("/model_info", "/get_model_info"):
+            info = client.get(path).json()
+            assert info["served_model_name"] == "tiny" and info["is_generation"] is True
+            assert info["architectures"] == ["LlamaForCausalLM"]
+            tokenizer = AutoTokenizer.from_pretrained(info["tokenizer_path"])
+            assert tokenizer.encode("w5 w6") == engine.tokenizer.encode("w5 w6")
+        assert client.get("/server_info").json()["model_path"] == info["model_path"]

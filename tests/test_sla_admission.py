@@ -51,7 +51,7 @@ def test_measured_speed_below_the_tier_closes_admission_unless_the_tier_is_out_o
 
 def test_engine_measures_the_slowest_running_speed():
     clock = TickClock()
-    engine = tiny_engine("scheduled", max_running=2, sps=CLIFF, sla_tok_s_per_user=50.0, clock=clock)
+    engine = tiny_engine("scheduled", max_running=2, sps=CLIFF, sla_tok_s_per_user=50.0, clock=clock, learn_sps=False)
     params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
     engine.submit([5, 6, 7], params, lambda out: None)
     for _ in range(12):
@@ -85,7 +85,8 @@ def test_engine_in_sla_mode_caps_running_requests_and_finishes_all():
     """On a clock that reads the same on every host: a step costs a few ticks of 1 ms against the
     table's 10 ms, so the measured time scale is below 1 and two users at B = 2 stay far above the
     tier, while a third would put every user on the cliff."""
-    engine = tiny_engine("scheduled", max_running=6, sps=CLIFF, sla_tok_s_per_user=50.0, clock=TickClock())
+    engine = tiny_engine("scheduled", max_running=6, sps=CLIFF, sla_tok_s_per_user=50.0, clock=TickClock(),
+                         learn_sps=False)
     most = [0]
     step = engine.step
 
@@ -103,7 +104,7 @@ def test_engine_in_sla_mode_caps_running_requests_and_finishes_all():
 
 
 def test_engine_without_sla_fills_every_slot():
-    engine = tiny_engine("scheduled", max_running=6, sps=CLIFF)
+    engine = tiny_engine("scheduled", max_running=6, sps=CLIFF, learn_sps=False)
     engine.generate([[5, 6, 7]] * 6, [SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)] * 6)
     planner = engine.policy.planner
     assert planner.overhead_seconds == 0.0 and planner.time_scale == 1.0  # only SLA mode measures them

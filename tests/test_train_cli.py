@@ -1,4 +1,5 @@
-"""End to end: the training CLI on a tiny random llama that shares SmolLM2's tokenizer."""
+"""End to end: build_data (both sources) and the training CLI on a tiny random llama that shares
+SmolLM2's tokenizer, over real ShareGPT prompts."""
 
 import json
 import os
@@ -6,8 +7,6 @@ import shutil
 
 import pytest
 import torch
-
-
 
 pytestmark = pytest.mark.slow  # needs SmolLM2's tokenizer, fetched once for the slow tier
 
@@ -21,34 +20,57 @@ def tiny_target(tmp_path_factory, smollm2_dir):
     out = tmp_path_factory.mktemp("tiny_target")
     cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
                       head_dim=8, num_hidden_layers=4, vocab_size=49152, tie_word_embeddings=True,
-                      bos_token_id=1, eos_token_id=2, pad_token_id=2)
+                      bos_token_id=1, eos_token_id=2, pad_token_id=2, max_position_embeddings=2048)
     LlamaForCausalLM(cfg).save_pretrained(out)
     AutoTokenizer.from_pretrained(smollm2_dir).save_pretrained(out)
     return out
 
 
+def _build(target, out, *extra):
+    from sglang_dspark.train.build_data import main
+
+    return main(["--target", str(target), "--out", str(out), "--layers", "1,2", "--shard-records", "4",
+                 "--max-prompt-tokens", "128", "--max-total-tokens", "96", "--max-new-tokens", "8", *extra])
+
+
 def _train(target, out, data, *extra):
     from sglang_dspark.train.__main__ import main
 
-    return main(["--target", str(target), "--out", str(out), "--data-dir", str(data),
-                 "--gen-max-new-tokens", "4", "--gen-batch-size", "72", "--num-target-features", "2",
-                 "--block-size", "3", "--markov-rank", "4", "--seqs-per-step", "2",
-                 "--anchors-per-seq", "4", "--save-dtype", "float32", *extra])
+    return main(["--target", str(target), "--out", str(out), "--data", *map(str, data), "--target-layers", "1,2",
+                 "--block-size", "3", "--markov-rank", "4", "--seqs-per-step", "2", "--anchors-per-seq", "4",
+                 "--hot-vocab", "512", "--save-dtype", "float32", *extra])
 
 
-def test_cli_trains_resumes_and_writes_a_loadable_checkpoint(tiny_target, tmp_path):
-    from sglang_dspark.drafter import load_config
+def test_build_data_resumes_and_both_sources_train_a_loadable_drafter(tiny_target, tmp_path):
+    from sglang_dspark.drafter import load_config, load_drafter
+    from sglang_dspark.drafter.checkpoint import load_draft_vocab
+    from sglang_dspark.train.shards import SequenceStore, read_manifest
 
-    data = tmp_path / "data"
-    assert _train(tiny_target, tmp_path / "a", data, "--max-steps", "2") == 0
-    first = json.loads((tmp_path / "a" / "train_summary.json").read_text())
-    assert first["steps"] == 2 and first["num_sequences"] == 144
-    cfg = load_config(tmp_path / "a")
+    tf, op = tmp_path / "tf", tmp_path / "op"
+    assert _build(tiny_target, tf, "--source", "sharegpt-responses", "--max-records", "4") == 0
+    assert _build(tiny_target, tf, "--source", "sharegpt-responses", "--max-records", "8") == 0  # resumes
+    manifest = read_manifest(tf)
+    assert manifest["records_done"] == 8 and len(manifest["shards"]) == 2 and manifest["layer_ids"] == [1, 2, 3]
+    assert _build(tiny_target, tf, "--source", "sharegpt-responses", "--max-records", "8", "--seed", "1") == 2
+    assert _build(tiny_target, op, "--source", "on-policy", "--split", "heldout", "--max-records", "4") == 0
+    store = SequenceStore(op)
+    assert all(len(store[i].tokens) - store[i].prompt_len <= 9 for i in range(len(store)))
+
+    out = tmp_path / "drafter"
+    assert _train(tiny_target, out, [tf, op], "--heldout", str(op), "--max-steps", "2") == 0
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["steps"] == 2 and summary["num_sequences"] == len(SequenceStore([tf, op]))
+    assert summary["heldout"][-1]["step"] == 2 and 0 < summary["hot_vocab_target_mass"] <= 1
+    cfg = load_config(out)
     assert cfg.target_layer_ids == [1, 2] and cfg.block_size == 3 and cfg.markov_rank == 4
-    assert len(list(data.glob("dataset-*.pt"))) == 1  # the generated data is cached
+    assert load_draft_vocab(out / "draft_vocab.pt").numel() == 512
+    embed = torch.nn.Embedding(49152, 32)
+    assert load_drafter(out, embed, embed).draft_vocab.numel() == 512
     # Resume: a second invocation continues from step 2 instead of starting over.
-    assert _train(tiny_target, tmp_path / "a", data, "--max-steps", "3") == 0
-    assert json.loads((tmp_path / "a" / "train_summary.json").read_text())["steps"] == 3
+    assert _train(tiny_target, out, [tf, op], "--max-steps", "3") == 0
+    assert json.loads((out / "train_summary.json").read_text())["steps"] == 3
     # A different drafter config must not silently reuse that directory.
-    assert _train(tiny_target, tmp_path / "a", data, "--max-steps", "3", "--markov-rank", "0") == 2
-    shutil.rmtree(tmp_path / "a")
+    assert _train(tiny_target, out, [tf], "--max-steps", "3", "--markov-rank", "0") == 2
+    # Layers the data does not store are refused with one line.
+    assert _train(tiny_target, tmp_path / "other", [tf], "--max-steps", "1", "--target-layers", "0,2") == 2
+    shutil.rmtree(out)

@@ -63,7 +63,7 @@ def test_chain_verification_detects_misreported_draft_probs():
 
 def _markov_leak_world():
     # Confidence after token 0 is high, after token 1 nearly zero: a scheduler that looks at
-    # c_2(x_1) before deciding on x_1 favours x_1 = 0 (DSPARK.md appendix A, generalised).
+    # c_2(x_1) before deciding on x_1 favours x_1 = 0 (docs/ALGORITHM.md, scheduling: the early-stop example, generalised).
     return MarkovWorld(vocab=3, gamma=3, seed=5, conf=[0.95, 0.0, 0.5])
 
 

@@ -153,6 +153,10 @@ class SpsTable:
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json())
 
+    def to_dict(self) -> dict:
+        """The table's fields and, when it has one, the drafter-skip saving (for /server_info)."""
+        return {**self.table.model_dump(), "draft_skip_seconds": self.draft_skip_seconds}
+
     # -- lookups ----------------------------------------------------------------------------
     def _theta_at(self, m: torch.Tensor) -> torch.Tensor:
         # SGLang's `_additive_step_time_tensor` interpolation, op for op, so values are bit-equal.
@@ -197,6 +201,21 @@ class SpsTable:
         if isinstance(self.table, SpsCostTable):
             return self._window(self._dense_sps, num_requests, count)
         return 1.0 / self.step_seconds(num_requests, count)
+
+    def seconds_at(self, num_requests, batch_tokens, drafted) -> np.ndarray:
+        """Step seconds for arrays of steps at once (the online estimator's residuals): the same
+        prices as 1 / self(batch_tokens, num_requests, drafted), vectorised."""
+        r = np.asarray(num_requests, dtype=np.float64)
+        b = np.asarray(batch_tokens, dtype=np.float64)
+        if isinstance(self.table, SpsCostTable):
+            idx = np.clip(np.searchsorted(self.table.sample_batch_tokens, b, side="right") - 1, 0, None)
+            return 1.0 / np.asarray(self.table.sample_steps_per_sec)[idx]
+        t = self.table
+        seconds = t.bias_seconds + np.interp(r, t.bs_probes, t.alpha_seconds) + np.interp(b, t.m_probes, t.theta_seconds)
+        if self.draft_skip_seconds is not None:
+            seconds = seconds - np.where(np.asarray(drafted, dtype=bool), 0.0,
+                                         np.interp(r, t.bs_probes, self.draft_skip_seconds))
+        return seconds
 
     def __call__(self, batch_tokens: int, num_requests: int = 1, drafted: bool = True) -> float:
         """SPS at `batch_tokens` total verify tokens for a batch of `num_requests` requests;

@@ -2,14 +2,17 @@
 refit` and the engine's online estimator.
 
 SGLang's additive table prices a drafted step as `bias + alpha(R) + theta(B)` (R requests, B verify
-tokens). The fit is non-negative least squares on increments, so alpha and theta never decrease
-(more requests or tokens never make a step cheaper), and theta is piecewise linear between knots
-(SGLang interpolates linearly between `m_probes`). A free value per B would let a B seen by one R
-absorb that R's cost and swing with noise.
+tokens). Our engine also runs steps without the drafter (budget 0), which save `skip(R)`: an
+undrafted step costs `bias + alpha(R) + theta(R) - skip(R)`. All three are fitted jointly, by
+non-negative least squares on increments, so alpha, theta and skip never decrease (more requests or
+tokens never make a step cheaper, and a bigger batch never drafts for less); theta is piecewise
+linear between knots (SGLang interpolates linearly between `m_probes`), skip between the batch
+sizes that drafted. A free value per B would let a B seen by one R absorb that R's cost and swing
+with noise between them.
 
-Our engine also runs steps without the drafter (budget 0); their saving per R is
-`draft_skip_seconds`, the drafted step the table predicts at B = R minus the undrafted step
-measured there.
+Fitting both kinds of step at once is what lets a table follow a host that slows down: the shared
+alpha and theta move with the (frequent) undrafted steps, and the (rarer) drafted steps only have
+to pin the drafter's own cost.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import numpy as np
 from scipy.optimize import nnls
 
 from sglang_dspark.core.sps import SpsAdditiveCostTable, SpsCostTable, SpsTable
+
+MAX_SKIP_SHARE = 0.99  # an undrafted step is never priced below 1 % of the drafted one
 
 
 def theta_knots(batch_tokens) -> list[int]:
@@ -33,59 +38,70 @@ def theta_knots(batch_tokens) -> list[int]:
     return knots
 
 
-def _knot_weights(knots: list[int], b: float) -> np.ndarray:
-    """theta(b) = sum_j w_j theta(knot_j), linear between knots and clamped at the ends."""
-    weights = np.zeros(len(knots))
-    if b <= knots[0]:
-        weights[0] = 1.0
-    elif b >= knots[-1]:
-        weights[-1] = 1.0
-    else:
-        hi = next(i for i, k in enumerate(knots) if k >= b)
-        frac = (b - knots[hi - 1]) / (knots[hi] - knots[hi - 1])
-        weights[hi - 1], weights[hi] = 1.0 - frac, frac
+def _knot_weights(knots: list[int], x) -> np.ndarray:
+    """Rows [len(x), len(knots)]: f(x) = sum_j w_j f(knot_j), linear between knots, clamped."""
+    x = np.clip(np.asarray(x, dtype=np.float64), knots[0], knots[-1])
+    k = np.asarray(knots, dtype=np.float64)
+    hi = np.clip(np.searchsorted(k, x, side="left"), 1, max(len(k) - 1, 1))
+    weights = np.zeros((x.size, len(k)))
+    if len(k) == 1:
+        weights[:, 0] = 1.0
+        return weights
+    frac = (x - k[hi - 1]) / (k[hi] - k[hi - 1])
+    rows = np.arange(x.size)
+    weights[rows, hi - 1] = 1.0 - frac
+    weights[rows, hi] += frac
     return weights
 
 
-def fit_additive(num_requests, batch_tokens, seconds, weights=None) -> SpsAdditiveCostTable:
-    """The additive table from drafted steps (B > R): arrays of equal length, optional
-    per-sample weights (the online estimator's forgetting factor)."""
+def _increments(knots: list[int], x) -> np.ndarray:
+    """Design rows of a non-decreasing piecewise-linear function stored as a base value plus
+    non-negative increments: f(knot_j) = base + sum_{i <= j} increment_i."""
+    return np.cumsum(_knot_weights(knots, x)[:, ::-1], axis=1)[:, ::-1]
+
+
+def fit_step_table(num_requests, batch_tokens, seconds, drafted=None, weights=None
+                   ) -> tuple[SpsAdditiveCostTable, list[float] | None]:
+    """(additive table, drafter-skip seconds per additive.bs_probes or None) for step times: arrays
+    of equal length; `drafted` marks the steps that ran the drafter (default: all, SGLang's case);
+    `weights` optionally weigh each step (the online estimator's forgetting factor)."""
     r = np.asarray(num_requests, dtype=np.int64)
     b = np.asarray(batch_tokens, dtype=np.int64)
-    y = np.asarray(seconds, dtype=np.float64)
-    if r.size == 0:
+    d = np.ones(r.size, dtype=bool) if drafted is None else np.asarray(drafted, dtype=bool)
+    if not d.any():
         raise ValueError("no drafted step to fit (every budget was 0)")
+    # Steps of the same (R, B, drafted) share a design row: their weighted mean with their summed
+    # weight gives the same least-squares fit, on a handful of rows instead of thousands.
+    keys, inverse = np.unique(np.stack([r, b, d]), axis=1, return_inverse=True)
+    w = np.ones(r.size) if weights is None else np.asarray(weights, dtype=np.float64)
+    total = np.bincount(inverse, weights=w)
+    y = np.bincount(inverse, weights=w * np.asarray(seconds, dtype=np.float64)) / total
+    r, b, d = keys[0], keys[1], keys[2].astype(bool)
     rs = sorted(set(r.tolist()))
     knots = theta_knots(b)
-    # columns: alpha increments (R_1..), theta base, theta increments (knot_1..)
-    design = np.zeros((r.size, len(rs) - 1 + len(knots)))
-    rank = np.searchsorted(rs, r)
-    for i in range(r.size):
-        design[i, : rank[i]] = 1.0
-        design[i, len(rs) - 1 :] = np.cumsum(_knot_weights(knots, b[i])[::-1])[::-1]
-    if weights is not None:
-        w = np.sqrt(np.asarray(weights, dtype=np.float64))
-        design, y = design * w[:, None], y * w
-    coef, _ = nnls(design, y)
-    alpha = np.concatenate([[0.0], np.cumsum(coef[: len(rs) - 1])])
-    theta = np.cumsum(coef[len(rs) - 1 :])
+    skip_rs = sorted(set(r[d].tolist())) if not d.all() else []  # skip is pinned where the drafter ran
+    n_alpha, n_theta = len(rs) - 1, len(knots)
+    design = np.zeros((r.size, n_alpha + n_theta + len(skip_rs)))
+    design[:, :n_alpha] = np.searchsorted(rs, r)[:, None] > np.arange(n_alpha)[None, :]
+    design[:, n_alpha : n_alpha + n_theta] = _increments(knots, b)
+    if skip_rs:
+        design[~d, n_alpha + n_theta :] = -_increments(skip_rs, r[~d])
+    root = np.sqrt(total)
+    coef, _ = nnls(design * root[:, None], y * root)
+    alpha = np.concatenate([[0.0], np.cumsum(coef[:n_alpha])])
+    theta = np.cumsum(coef[n_alpha : n_alpha + n_theta])
     bias = max(float(theta[0]) * 0.5, 1e-5)  # SGLang requires bias > 0
-    return SpsAdditiveCostTable(bias_seconds=bias, bs_probes=rs, alpha_seconds=alpha.tolist(),
-                                m_probes=knots, theta_seconds=(theta - bias).tolist())
-
-
-def fit_draft_skip(additive: SpsAdditiveCostTable, undrafted: dict[int, float]) -> list[float] | None:
-    """Per R of `additive`: the drafted step it predicts at budget 0 (B = R) minus the undrafted
-    step measured at the nearest R (`undrafted`: R -> seconds). None without undrafted steps."""
-    if not undrafted:
-        return None
-    table = SpsTable(additive)
-    skips = []
-    for r in additive.bs_probes:
-        nearest = min(undrafted, key=lambda m: (abs(m - r), m))
-        predicted = float(table.step_seconds(r, 1)[0])
-        skips.append(round(min(max(predicted - undrafted[nearest], 0.0), 0.9 * predicted), 6))
-    return skips
+    additive = SpsAdditiveCostTable(bias_seconds=bias, bs_probes=rs, alpha_seconds=alpha.tolist(),
+                                    m_probes=knots, theta_seconds=(theta - bias).tolist())
+    if not skip_rs:
+        return additive, None
+    skip_values = np.cumsum(coef[n_alpha + n_theta :])
+    drafted_price = SpsTable(additive)
+    skip = []
+    values = _knot_weights(skip_rs, rs) @ skip_values
+    for x, value in zip(rs, values):  # per bs_probe, never so large that an undrafted step would cost nothing
+        skip.append(round(min(float(value), MAX_SKIP_SHARE * float(drafted_price.step_seconds(x, 1)[0])), 9))
+    return additive, skip
 
 
 def fit_cost_table(batch_tokens, seconds, max_batch_tokens: int) -> SpsCostTable:

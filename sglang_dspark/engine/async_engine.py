@@ -48,6 +48,9 @@ class AsyncEngine:
     def max_len(self) -> int:
         return self.engine.max_len
 
+    def model_info(self) -> dict:
+        return self.engine.model_info()  # built from configuration only: safe from any thread
+
     @property
     def metrics(self):
         return self.engine.metrics  # prometheus_client's collectors are thread-safe
@@ -64,6 +67,10 @@ class AsyncEngine:
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(lambda e: e.abort(request_id))
+
+    def abort_all(self) -> None:
+        """End every running and waiting request now (finish_reason "abort"): the end of a drain."""
+        self._inbox.put(Engine.abort_all)
 
     def call(self, fn: Callable[[Engine], T]) -> Future:
         """Run fn(engine) on the engine thread between steps; its result (or error) in a Future."""

@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from sglang_dspark.core.calibration import apply_sts
 from sglang_dspark.core.sps import SpsTable
+from sglang_dspark.engine.canary import Canary, Replay, replay_params
 from sglang_dspark.engine.logprobs import token_logprobs
 from sglang_dspark.engine.model_runner import DecodeRow, ModelRunner
 from sglang_dspark.engine.output import OutputProcessor
@@ -57,9 +58,12 @@ class EngineConfig:
     lag: int = 2  # the planner's confidence lag in steps (SGLang's relay lag)
     seed: int = 0
     sla_tok_s_per_user: float | None = None  # SLA mode: capacity keeps every user above this speed
-    probe_every: int = 16  # when drafting does not pay, still draft every n-th step to re-measure,
-    probe_max: int = 128  # doubling the interval after each probe that changes nothing, up to this
+    learn_sps: bool = True  # scheduled mode: learn the SPS table from this engine's steps (engine/policy.py)
+    probe_every: int = 32  # when drafting does not pay, still draft every n-th step to re-measure,
+    probe_max: int = 256  # doubling the interval after each probe that changes nothing, up to this
     max_records: int = 4096  # per-step records kept for /server_info
+    canary_share: float = 0.0  # greedy requests replayed without speculation and compared (engine/canary.py)
+    canary_dir: str | None = None  # where mismatching replays are kept as evidence
 
 
 @dataclass
@@ -97,12 +101,14 @@ class StepResult:
 class Engine:
     def __init__(self, target: TargetModel, tokenizer, drafter=None, *, config: EngineConfig | None = None,
                  sps: SpsTable | None = None, sts_temperatures: torch.Tensor | None = None,
-                 model_name: str = "model", clock: Callable[[], float] = time.perf_counter):
+                 model_name: str = "model", clock: Callable[[], float] = time.perf_counter,
+                 sps_seeded: bool = False, identity: dict | None = None, model_path: str | None = None):
         self.config = config = config or EngineConfig()
         if config.mode != "target" and drafter is None:
             raise ValueError(f"mode {config.mode!r} needs a drafter")
         drafter = drafter if config.mode != "target" else None
         self.target, self.tokenizer, self.model_name, self.clock = target, tokenizer, model_name, clock
+        self.model_path = model_path or model_name  # the target's directory: a router loads its tokenizer from it
         self.gamma = drafter.gamma if drafter is not None else 0
         model_len = int(target.config.max_position_embeddings)
         self.max_len = min(config.max_len or model_len, model_len)  # prompt + output, per request
@@ -112,9 +118,11 @@ class Engine:
         self.runner = ModelRunner(target, drafter, config.max_running, self.max_len + self.gamma + 1)
         self.sts = sts_temperatures
         self.policy = SpeculationPolicy(
-            config.mode, self.gamma, sps or SpsTable.flat(config.max_running * (self.gamma + 1)),
-            lag=config.lag, buckets=config.buckets, sla_tok_s_per_user=config.sla_tok_s_per_user,
-            probe_every=config.probe_every, probe_max=config.probe_max)
+            config.mode, self.gamma, sps, learn=config.learn_sps, seeded=sps_seeded,
+            max_batch_tokens=config.max_running * (self.gamma + 1), lag=config.lag, buckets=config.buckets,
+            sla_tok_s_per_user=config.sla_tok_s_per_user, probe_every=config.probe_every,
+            probe_max=config.probe_max, clock=clock)
+        self.identity = identity or {}  # what /server_info says this deployment is (a profile's fingerprint)
         self.scheduler = Scheduler(config.max_running, config.prefill_chunk)
         self.output = OutputProcessor(tokenizer, _eos_ids(tokenizer, target))
         self.metrics = EngineMetrics()
@@ -123,6 +131,7 @@ class Engine:
         self._ids = itertools.count()
         self._round_observers: list[RoundObserver] = []
         self._last_emit: dict[str, float] = {}
+        self.canary = Canary(config.canary_share, config.canary_dir)
 
     # ---- requests ------------------------------------------------------------------------------
     @property
@@ -182,6 +191,10 @@ class Engine:
         self.update_gauges()
 
     def schedule(self) -> tuple[ScheduledBatch, DraftPlan]:
+        if not self.scheduler.waiting and self.scheduler.has_free_slot:  # spare capacity: a canary replay
+            replay = self.canary.next_request(self._replay_request)
+            if replay is not None:
+                self.scheduler.add(replay)
         batch = self.scheduler.schedule(self._admits)
         plan = self.policy.plan([r.id for r in batch.decode]) if batch.decode else NO_DRAFT
         return batch, plan
@@ -208,10 +221,14 @@ class Engine:
             for i, rid in enumerate(ids):
                 for observer in self._round_observers:
                     observer(rid, int(d.num_accepted[i]), int(d.lens[i]), d.conf_logits[i])
-        predicted = self.policy.on_step(R, num_tokens, drafted, d.start, d.end)
+        emitted = int(d.num_accepted.sum()) + R
+        blocks = self.policy.guard.blocks
+        predicted = self.policy.on_step(d.plan, R, num_tokens, emitted, drafted, d.start, d.end)
+        self.metrics.observe_policy(self.policy, d.plan.probe, self.policy.guard.blocks - blocks)
         step_s = d.end - d.start
         self.metrics.observe_step(step_s, predicted)
         self.metrics.verify_tokens.observe(num_tokens)
+        self.metrics.budget.observe(d.plan.capacity)
         self.metrics.verify_steps.inc()
         if self.gamma:
             verified = [int((d.lens > k).sum()) for k in range(self.gamma)]
@@ -219,7 +236,7 @@ class Engine:
             self.metrics.observe_positions(verified, accepted)
         self.records.append(StepRecord(
             bs=R, budget=d.plan.capacity, num_verify_tokens=num_tokens, accepted_drafts=int(d.num_accepted.sum()),
-            drafted=drafted, predicted_step_ms=None if predicted is None else round(predicted * 1e3, 3),
+            drafted=drafted, probe=d.plan.probe, predicted_step_ms=None if predicted is None else round(predicted * 1e3, 3),
             step_ms=round(step_s * 1e3, 3), draft_ms=round((d.drafted_at - d.start) * 1e3, 3),
             target_verify_ms=round((d.verified_at - d.drafted_at) * 1e3, 3), time=time.time()))
 
@@ -265,6 +282,7 @@ class Engine:
             drafts, probs, conf_logits = out.tokens, out.probs, out.conf_logits
             conf = apply_sts(conf_logits, self.sts)
             lens = self.policy.allocate(conf, plan)
+            lens[[i for i, r in enumerate(reqs) if r.no_draft]] = 0  # canary replays verify no draft
         drafted_at = self.clock()
         fwd = self.runner.verify_forward(rows, drafts, lens)
         num_acc, nxt = verify_step(batch, drafts, probs, fwd.logits, lens, self._generator)
@@ -279,7 +297,8 @@ class Engine:
             self.metrics.prompt_tokens.inc(len(chunk.tokens))
             if i in result.first_tokens:
                 req.first_token_at = self.clock()
-                self.metrics.ttft.observe(req.first_token_at - req.arrival)
+                if req.replay_of is None:
+                    self.metrics.ttft.observe(req.first_token_at - req.arrival)
                 token = result.first_tokens[i]
                 self._commit(req, [token], result.last_logits[i : i + 1])
 
@@ -300,7 +319,8 @@ class Engine:
         logprobs = token_logprobs(logits, tokens, req.params.top_logprobs) if req.params.logprobs else None
         now = self.clock()
         kept = self.output.commit(req, tokens, logprobs)
-        self.metrics.generation_tokens.inc(kept)
+        if req.replay_of is None:
+            self.metrics.generation_tokens.inc(kept)
         if kept and req.id in self._last_emit:
             self.metrics.itl.observe((now - self._last_emit[req.id]) / kept)
         self._last_emit[req.id] = now
@@ -309,11 +329,32 @@ class Engine:
             self._release(req)
 
     def _release(self, req: Request) -> None:
+        if req.replay_of is not None:
+            self._release_replay(req)
+            return
+        self.canary.consider(req)
+        tier = self.config.sla_tok_s_per_user
+        speed = req.speed(self.clock()) if tier is not None and req.finish_reason != "abort" else None
+        if speed is not None:
+            self.metrics.sla_requests.labels(outcome="met" if speed >= tier else "missed").inc()
         self.policy.release(req.id)
         self._last_emit.pop(req.id, None)
         self.metrics.requests_finished.labels(reason=req.finish_reason or "abort").inc()
         if not self.scheduler.running:
             self.policy.on_idle()
+
+    def _replay_request(self, replay: Replay) -> Request:
+        return Request(f"canary-{replay.original_id}", replay.prompt_ids, replay_params(replay.params),
+                       lambda out: None, None, arrival=self.clock())
+
+    def _release_replay(self, req: Request) -> None:
+        self.policy.release(req.id)
+        self._last_emit.pop(req.id, None)
+        matched = self.canary.finished(req)
+        if matched is not None:
+            self.metrics.canary_replays.inc()
+            if not matched:
+                self.metrics.canary_mismatches.inc()
 
     # ---- offline use and introspection ---------------------------------------------------------
     def generate(self, prompts, params_list, *, request_ids=None, max_steps: int = 1_000_000,
@@ -352,15 +393,28 @@ class Engine:
         """True when nothing runs (there is no prefix cache to drop); False while busy."""
         return self.idle
 
+    def model_info(self) -> dict:
+        """SGLang's /model_info body: what sglang-router reads when a worker registers."""
+        config = self.target.config
+        return {"model_path": self.model_path, "tokenizer_path": self.model_path, "is_generation": True,
+                "preferred_sampling_params": None, "weight_version": "default",
+                "has_image_understanding": False, "has_audio_understanding": False,
+                "model_type": getattr(config, "model_type", None),
+                "architectures": getattr(config, "architectures", None)}
+
     def server_info(self) -> dict:
         return {
-            "model_path": self.model_name,
+            "model_path": self.model_path,
+            "tokenizer_path": self.model_path,
             "engine": "reference",
             "max_running_requests": self.config.max_running,
             "context_length": self.max_len,
             "kv_cache_bytes": self.runner.kv_bytes(),
+            "dspark_fingerprint": self.identity,
             "internal_states": [{"dspark_info_record": {
-                **self.policy.describe(), "gamma": self.gamma, "records": self.records.as_dicts()}}],
+                **self.policy.describe(), "gamma": self.gamma,
+                "sts_temperatures": None if self.sts is None else self.sts.tolist(),
+                "records": self.records.as_dicts()}}],
         }
 
 

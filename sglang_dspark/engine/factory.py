@@ -34,10 +34,12 @@ def load_models(model_dir, draft_dir=None, *, draft_vocab: bool = True):
 
 
 def build_engine(model_dir, draft_dir=None, *, config: EngineConfig | None = None, sps: SpsTable | None = None,
-                 sts: torch.Tensor | None = None, model_name: str | None = None, draft_vocab: bool = True) -> Engine:
+                 sts: torch.Tensor | None = None, model_name: str | None = None, draft_vocab: bool = True,
+                 sps_seeded: bool = False, identity: dict | None = None) -> Engine:
     """An engine over the models in `model_dir` (and `draft_dir`, which every mode but "target"
-    needs). `sps` / `sts`: the SPS table and STS temperatures (a profile's), else a flat table and
-    uncalibrated confidences."""
+    needs). `sps` / `sts`: the SPS table and STS temperatures (a profile's; `sps_seeded` when it was
+    measured on other hardware), else none and uncalibrated confidences. `identity`: the
+    deployment's fingerprint, for /server_info."""
     config = config or EngineConfig()
     if config.mode != "target" and draft_dir is None:
         raise ValueError(f"mode {config.mode!r} needs a drafter directory")
@@ -45,11 +47,12 @@ def build_engine(model_dir, draft_dir=None, *, config: EngineConfig | None = Non
     target, tokenizer, drafter = load_models(model_dir, draft_dir if config.mode != "target" else None,
                                              draft_vocab=draft_vocab)
     engine = Engine(target, tokenizer, drafter, config=config, sps=sps, sts_temperatures=sts,
-                    model_name=model_name or os.path.basename(os.path.normpath(str(model_dir))))
+                    model_name=model_name or os.path.basename(os.path.normpath(str(model_dir))),
+                    sps_seeded=sps_seeded, identity=identity, model_path=os.path.abspath(str(model_dir)))
     vocab = getattr(drafter, "draft_vocab", None)
-    logger.info("reference engine: target=%s draft=%s (draft vocabulary: %s) mode=%s sps=%s sts=%s "
+    logger.info("reference engine: target=%s draft=%s (draft vocabulary: %s) mode=%s SPS table=%s sts=%s "
                 "context=%d tokens, %d slots, KV cache up to %.2f GiB (committed as used)",
                 model_dir, draft_dir, "full" if vocab is None else f"{vocab.numel()} hot tokens", config.mode,
-                "flat" if sps is None or sps.is_flat else "profiled", "yes" if sts is not None else "none",
+                engine.policy.source, "yes" if sts is not None else "none",
                 engine.max_len, config.max_running, engine.runner.kv_bytes() / 2**30)
     return engine

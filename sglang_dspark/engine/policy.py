@@ -1,10 +1,10 @@
 """How much to speculate: the capacity decision of each decode step and the state it learns from.
 
-`SpeculationPolicy` owns everything that decides a step's verify budget and feeds on the steps
-that ran: the AsyncPlanner over the SPS table, the drafter-skip rule with its probes, the
-profiler's forced budget, and SLA mode's measured overhead and time scale. The engine asks it
-`plan()` before a decode step, `allocate()` once the drafts exist, and tells it `observe()` and
-`on_step()` afterwards; nothing else writes its state.
+`SpeculationPolicy` owns everything that decides a step's verify budget and feeds on the steps that
+ran: the SPS table (a profile's, corrected or learned online, core/sps_online.py), the AsyncPlanner
+over it, probes, the drafting guard (engine/guard.py), the profiler's forced budget, and SLA mode's
+measured overhead and time scale. The engine asks `plan()` before a decode step and `allocate()` once
+the drafts exist, and reports `observe()` and `on_step()` afterwards; nothing else writes its state.
 
 Every decision reads only what earlier steps produced (lagged confidences, measured times), never
 this step's samples, so whatever it decides the output stays the target's distribution
@@ -13,8 +13,9 @@ this step's samples, so whatever it decides the output stays the target's distri
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,45 +23,68 @@ import torch
 
 from sglang_dspark.core.schedule import AsyncPlanner
 from sglang_dspark.core.sps import SpsTable
+from sglang_dspark.core.sps_online import OnlineSpsEstimator, untested_table
+from sglang_dspark.engine.guard import DraftingGuard, bucket
 
 MODES = ("target", "full", "scheduled")
+# where the table the planner reads comes from (/server_info, /metrics)
+SOURCES = ("flat", "profile", "profile+online", "seeded+online", "online")
 
 
 @dataclass(frozen=True)
 class DraftPlan:
     capacity: int  # draft tokens to verify this step, over all requests
     draft: bool  # run the drafter (False: every request verifies its anchor only)
-    verify_all: bool  # full mode: every draft is verified whatever the capacity
+    verify_all: bool = False  # full mode: every draft is verified whatever the capacity
+    probe: bool = False  # drafted to measure (confidences, an unexplored budget), not because it pays
 
 
-NO_DRAFT = DraftPlan(capacity=0, draft=False, verify_all=False)
+NO_DRAFT = DraftPlan(capacity=0, draft=False)
 
 
 class SpeculationPolicy:
     """`mode`: "target" never drafts, "full" verifies every draft, "scheduled" plans per step.
 
-    In scheduled mode a step whose budget is 0 skips the drafter (the budget came from lagged
-    confidences, so skipping cannot bias the output); every `probe_every`-th such step drafts
-    anyway to keep the confidences fresh, doubling the interval after each probe that changes
-    nothing, up to `probe_max`. The very first step drafts with capacity 0 only to measure, so
-    later capacities rest on observed confidences (not with a flat table, which verifies
-    everything whatever the confidences).
+    Tables: `sps` is the profile's table or None. With `learn` the table is learned from this
+    engine's own steps, seeded by `sps` when given ("profile+online" for a profile of this very
+    deployment, "seeded+online" for one measured elsewhere, whose times are scaled to the measured
+    steps); without `learn` it is `sps` as is, or a flat table (verify everything, SGLang's default).
+
+    Probes: when the planner budgets nothing, every `probe_every`-th such step drafts anyway, to keep
+    the confidences fresh and to measure a budget the table has not seen at this batch size (the
+    smallest unexplored of 1, 2, 4, ... R * gamma); the interval doubles after each probe up to
+    `probe_max`, and drops back to `probe_every` while the current batch-size bucket (1, 2-3, 4-7,
+    ...: the table interpolates within one) has fewer than `explore_until` drafted steps on record.
     """
 
-    def __init__(self, mode: str, gamma: int, sps: SpsTable, *, lag: int = 2, buckets: Sequence[int] = (),
-                 sla_tok_s_per_user: float | None = None, probe_every: int = 16, probe_max: int = 128):
+    def __init__(self, mode: str, gamma: int, sps: SpsTable | None, *, learn: bool = False, seeded: bool = False,
+                 max_batch_tokens: int = 64, lag: int = 2, buckets: Sequence[int] = (),
+                 sla_tok_s_per_user: float | None = None, probe_every: int = 32, probe_max: int = 256,
+                 explore_until: int = 3, clock: Callable[[], float] | None = None, guard: DraftingGuard | None = None):
         if mode not in MODES:
             raise ValueError(f"mode: must be one of {MODES}, got {mode!r}")
-        self.mode, self.gamma, self.sps = mode, gamma, sps
+        self.mode, self.gamma = mode, gamma
         self.sla_tok_s_per_user = sla_tok_s_per_user
-        self.probe_every, self.probe_max = probe_every, probe_max
-        self.planner = AsyncPlanner(sps, gamma, lag=lag, buckets=buckets or None,
+        self.probe_every, self.probe_max, self.explore_until = probe_every, probe_max, explore_until
+        self.clock = clock or (lambda: 0.0)
+        self.learner = OnlineSpsEstimator(prior=sps) if learn and gamma and mode == "scheduled" else None
+        if self.learner is not None:
+            self.source = "online" if sps is None else ("seeded+online" if seeded else "profile+online")
+            self.sps = self.learner.table() or untested_table()
+        else:
+            self.source = "flat" if sps is None else "profile"
+            self.sps = sps or SpsTable.flat(max_batch_tokens)
+        self.planner = AsyncPlanner(self.sps, gamma, lag=lag, buckets=buckets or None,
                                     sla_tok_s_per_user=sla_tok_s_per_user, prior="observed") if gamma else None
+        self.guard = guard or DraftingGuard()
         self.forced_budget_frac: float | None = None  # the profiler's knob (SGLang's dspark_force_budget_frac)
+        self.table_since = self.clock()  # when the table in use was (re)fitted
+        self.probes = self.steps = 0
         self._undrafted_steps = 0
         self._probe_interval = probe_every
         self._last_decode_end: float | None = None  # SLA mode: the gap between decode steps
-        self._step_ratios: deque[float] = deque(maxlen=64)  # SLA mode: measured / predicted step time
+        self._step_ratios: deque[float] = deque(maxlen=64)  # measured / predicted step time
+        self._errors: deque[float] = deque(maxlen=100)  # |predicted - measured| / measured
 
     @property
     def speculates(self) -> bool:
@@ -80,26 +104,41 @@ class SpeculationPolicy:
             return DraftPlan(capacity=num * self.gamma, draft=True, verify_all=True)
         if self.forced_budget_frac is not None:
             capacity = int(self.forced_budget_frac * num * self.gamma)
-            return DraftPlan(capacity=capacity, draft=capacity > 0, verify_all=False)
-        if self._measuring_first:
-            return DraftPlan(capacity=0, draft=True, verify_all=False)
+            return DraftPlan(capacity=capacity, draft=capacity > 0)
+        if self.learner is None and not self.sps.is_flat and self.planner.rows_observed == 0:
+            return DraftPlan(capacity=0, draft=True, probe=True)  # measure confidences before trusting the table
         capacity = self.planner.capacity(request_ids)
-        return DraftPlan(capacity=capacity, draft=self._should_draft(self.planner.last_decision.budget),
-                         verify_all=False)
+        if self.planner.last_decision.budget > 0 and self.guard.allows(num):
+            self._undrafted_steps, self._probe_interval = 0, self.probe_every
+            if self.guard.on_probation(num):  # drafting has not shown it pays here yet: bet small
+                capacity = min(capacity, num)
+            return DraftPlan(capacity=capacity, draft=True)
+        return self._probe_or_skip(num)
 
-    @property
-    def _measuring_first(self) -> bool:
-        return not self.sps.is_flat and self.planner.rows_observed == 0
-
-    def _should_draft(self, budget: int) -> bool:
-        worthless = budget == 0
-        if worthless and self._undrafted_steps < self._probe_interval:
+    def _probe_or_skip(self, num: int) -> DraftPlan:
+        exploring = self.learner is not None and self.learner.drafted_in_bucket(bucket(num)) < self.explore_until
+        if exploring:
+            self._probe_interval = min(self._probe_interval, self.probe_every)
+        if self._undrafted_steps < self._probe_interval:
             self._undrafted_steps += 1
-            return False
-        # a probe that follows a zero budget doubles the next interval; any other draft resets it
-        self._probe_interval = min(2 * self._probe_interval, self.probe_max) if worthless else self.probe_every
+            return NO_DRAFT
         self._undrafted_steps = 0
-        return True
+        self._probe_interval = min(2 * self._probe_interval, self.probe_max)
+        self.probes += 1
+        return DraftPlan(capacity=self._probe_budget(num), draft=True, probe=True)
+
+    def _probe_budget(self, num: int) -> int:
+        """The smallest budget of 1, 2, 4, ... R * gamma with no drafted step on record at this
+        batch size (learning), else 0: a probe then only refreshes the confidences."""
+        if self.learner is None:
+            return 0
+        seen = {s.batch_tokens - num for s in self.learner.samples if s.drafted and s.num_requests == num}
+        budget = 1
+        while budget <= num * self.gamma:
+            if budget not in seen:
+                return budget
+            budget *= 2
+        return 0
 
     def can_admit(self, running_ids: Sequence[str], slowest_speed: float | None) -> bool:
         """SLA admission (always yes outside SLA mode); see AsyncPlanner.can_admit."""
@@ -118,19 +157,32 @@ class SpeculationPolicy:
         self.planner.observe(request_ids, conf)
 
     # ---- after a step ------------------------------------------------------------------------
-    def on_step(self, num_requests: int, num_tokens: int, drafted: bool, start: float, end: float) -> float | None:
+    def on_step(self, plan: DraftPlan, num_requests: int, num_tokens: int, emitted: int, drafted: bool,
+                start: float, end: float) -> float | None:
         """Feed back a finished decode step; returns the seconds the table predicted for it (None
-        with a flat table, which predicts nothing)."""
+        for a flat table, which predicts nothing)."""
+        seconds = end - start
         gap = None if self._last_decode_end is None else start - self._last_decode_end
         self._last_decode_end = end
-        if self.sps.is_flat:
-            return None
-        predicted = 1.0 / self.sps(num_tokens, num_requests=num_requests, drafted=drafted)
-        if self.sla_mode:
+        self.steps += 1
+        predicted = None if self.sps.is_flat else 1.0 / self.sps(num_tokens, num_requests=num_requests, drafted=drafted)
+        if predicted is not None:
+            self._errors.append(abs(predicted - seconds) / seconds)
+            self._step_ratios.append(seconds / predicted)
+        if self.speculates:
+            undrafted = None if self.sps.is_flat else float(self.sps.step_seconds(num_requests, 1)[0])
+            self.guard.observe(num_requests, emitted, seconds, undrafted, planned_draft=drafted and not plan.probe
+                               and self.forced_budget_frac is None and self.mode == "scheduled")
+        if self.learner is not None and self.forced_budget_frac is None:
+            self.learner.observe(num_requests, num_tokens, drafted, seconds)
+            table = self.learner.table()
+            if table is not self.sps and table is not None:
+                self.sps = self.planner.sps = table
+                self.table_since = end
+        if self.sla_mode and predicted is not None:
             if gap is not None:  # the EWMA of time between decode steps: prefills, streaming
                 self.planner.overhead_seconds += 0.1 * (gap - self.planner.overhead_seconds)
             # a tier is a promise: price steps at the 90th percentile of measured / predicted
-            self._step_ratios.append((end - start) / predicted)
             self.planner.time_scale = float(np.quantile(np.fromiter(self._step_ratios, float), 0.9))
         return predicted
 
@@ -142,7 +194,25 @@ class SpeculationPolicy:
         if self.planner is not None:
             self.planner.release(request_id)
 
+    # ---- introspection -----------------------------------------------------------------------
+    @property
+    def prediction_error(self) -> float | None:
+        """Median |predicted - measured| / measured over the last 100 steps."""
+        return statistics.median(self._errors) if self._errors else None
+
     def describe(self) -> dict:
         """The policy's state for /server_info."""
-        return {"mode": self.mode, "sps_table": "flat" if self.sps.is_flat else "profiled",
-                "forced_budget_frac": self.forced_budget_frac}
+        learner = self.learner
+        return {
+            "mode": self.mode, "sps_table": "flat" if self.sps.is_flat else "profiled", "sps_source": self.source,
+            "sps_table_age_s": round(self.clock() - self.table_since, 3),
+            "sps_prediction_error": None if self.prediction_error is None else round(self.prediction_error, 4),
+            "sps_samples": len(learner.samples) if learner else 0, "sps_refits": learner.refits if learner else 0,
+            "probe_steps": self.probes, "decode_steps": self.steps,
+            "guard_blocked_from_bs": self.guard.blocked_buckets(), "guard_blocks": self.guard.blocks,
+            "forced_budget_frac": self.forced_budget_frac,
+            "sps": None if self.sps.is_flat else self.sps.to_dict(),
+            "sps_drafted_samples": sum(s.drafted for s in learner.samples) if learner else 0,
+            "sps_step_times_ms": [[r, b, [round(t, 3) for t in times]]
+                                  for (r, b), times in sorted(learner.step_times().items())] if learner else [],
+        }

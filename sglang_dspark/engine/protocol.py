@@ -28,6 +28,12 @@ class EngineClient(Protocol):
     def abort(self, request_id: str) -> None:
         """End a request (its callback gets a final output with finish_reason "abort")."""
 
+    def abort_all(self) -> None:
+        """End every request (a drain's end)."""
+
+    def model_info(self) -> dict:
+        """SGLang's /model_info body (model_path, tokenizer_path, architectures, ...); immutable."""
+
     def server_info(self) -> Future:
         """SGLang's /server_info body, with the per-step DSpark records."""
 

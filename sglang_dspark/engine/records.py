@@ -14,6 +14,7 @@ class StepRecord:
     num_verify_tokens: int  # requests + verified drafts
     accepted_drafts: int
     drafted: bool  # whether the drafter ran
+    probe: bool  # drafted to measure (confidences, an unexplored budget), not because it pays
     predicted_step_ms: float | None  # what the SPS table priced the step at
     step_ms: float  # measured: draft + verify forward + verification + commit
     draft_ms: float

@@ -56,6 +56,9 @@ class Request:
     first_token_at: float | None = None
     finished: bool = False
     finish_reason: str | None = None
+    no_draft: bool = False  # decode without speculation (the canary's replays)
+    replay_of: str | None = None  # the canary: the request this one replays
+    expected: list[int] | None = None  # the canary: what the replayed request emitted
 
     def __post_init__(self) -> None:
         self.tokens = list(self.prompt_ids)

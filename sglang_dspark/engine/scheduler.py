@@ -42,6 +42,10 @@ class Scheduler:
     def idle(self) -> bool:
         return not self.waiting and not self.running
 
+    @property
+    def has_free_slot(self) -> bool:
+        return bool(self._free_slots)
+
     def add(self, req: Request) -> None:
         self.waiting.append(req)
 

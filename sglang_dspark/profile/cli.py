@@ -2,6 +2,7 @@
 
     capture       --model M [--draft DIR] --out FILE     SPS(B) of the reference engine, in process
     capture-http  --base-url URL --out FILE              any SGLang-compatible server, over HTTP
+    snapshot      --base-url URL --out FILE              the table a live reference server learned
     validate      FILE [--model DIR --draft DIR]         schema, semantics, fingerprint
     export        FILE --out DIR                         SGLang's --speculative-dspark-*-path files
     refit         FILE [--out FILE]                      the tables again from the measurements
@@ -262,13 +263,42 @@ def _run_capture_http(args) -> int:
     return 0
 
 
+# -- snapshot ------------------------------------------------------------------------------------
+def _add_snapshot(sub) -> None:
+    from sglang_dspark.profile import snapshot as snap
+
+    p = sub.add_parser("snapshot", formatter_class=HELP, help="write the SPS table a live server learned as a profile",
+                       description=snap.__doc__.split("\n\n")[0])
+    p.add_argument("--base-url", required=True, help="the server, e.g. http://127.0.0.1:30000")
+    p.add_argument("--out", required=True, type=Path, help="profile YAML to write; the plot goes next to it as .png")
+    p.add_argument("--name", help="profile name (default: the --out file name without extension)")
+    p.add_argument("--tier", action="append", default=[], metavar="NAME:TOK_S:TTFT_S:MAX_CONC",
+                   help="an SLA tier to record in the profile; repeatable")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds for the HTTP request")
+    p.add_argument("--api-key", help="Bearer token, when the server was started with --api-key")
+    p.set_defaults(func=_run_snapshot)
+
+
+def _run_snapshot(args) -> int:
+    from sglang_dspark.profile.plot import plot_profile
+    from sglang_dspark.profile.snapshot import snapshot
+
+    profile = snapshot(args.base_url, name=args.name or args.out.stem, tiers=[SlaTier.parse(t) for t in args.tier],
+                       command=_command_line(), timeout=args.timeout, api_key=args.api_key)
+    profile.save(args.out)
+    plot_profile(profile.sps.measurements, profile.sps_table(), args.out.with_suffix(".png"),
+                 f"SPS(B) learned online: {profile.name} (dashed: the learned table)")
+    print(f"wrote {args.out} and {args.out.with_suffix('.png')}: {profile.summary()}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     lines = __doc__.splitlines()
     parser = argparse.ArgumentParser(prog="python -m sglang_dspark.profile", description=lines[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog="\n".join(lines[2:]))
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress (INFO level)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_capture, _add_capture_http, _add_validate, _add_export, _add_refit, _add_set_sts):
+    for add in (_add_capture, _add_capture_http, _add_snapshot, _add_validate, _add_export, _add_refit, _add_set_sts):
         add(sub)
     return parser
 

@@ -26,12 +26,15 @@ VERSION_FIELDS = ("torch", "sglang")
 
 
 def hardware_id() -> str:
-    """"cuda: <device name> x<count>" with CUDA, else "cpu: <model name> x<logical cpus>"."""
+    """"cuda: <device name> x<count> (driver <version>, cuda <version>)" with CUDA (a driver or CUDA
+    upgrade moves step times, so it is a different machine to a profile), else
+    "cpu: <model name> x<logical cpus>"."""
     try:
         import torch
 
         if torch.cuda.is_available():
-            return f"cuda: {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
+            return (f"cuda: {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()} "
+                    f"(driver {_driver_version()}, cuda {torch.version.cuda})")
     except Exception:  # no torch / broken driver: describe the CPU
         pass
     model = ""
@@ -43,6 +46,17 @@ def hardware_id() -> str:
     except OSError:
         pass
     return f"cpu: {model or platform.processor() or platform.machine() or 'unknown'} x{os.cpu_count() or 1}"
+
+
+def _driver_version() -> str:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:  # no NVML (not NVIDIA, a container without it): say so rather than guess
+        return "unknown"
 
 
 def dir_sha256(path: str | Path) -> str:

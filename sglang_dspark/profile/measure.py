@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sglang_dspark.core.sps_fit import fit_additive, fit_cost_table, fit_draft_skip
+from sglang_dspark.core.sps_fit import fit_cost_table, fit_step_table
 from sglang_dspark.profile.schema import Measurement, SpsSection
 
 
@@ -28,13 +28,10 @@ def fit_section(measurements: list[Measurement], max_batch_tokens: int, *, skips
     engine always drafts, so there every probe is a drafted step."""
     rows = list(measurements)
     cost = fit_cost_table([m.batch_tokens for m in rows], [m.median_ms / 1e3 for m in rows], max_batch_tokens)
-    drafted = [m for m in rows if m.batch_tokens > m.num_requests or not skips_drafter_at_budget_0]
+    drafted = [m.batch_tokens > m.num_requests or not skips_drafter_at_budget_0 for m in rows]
     additive = skip = None
-    if drafted:
-        additive = fit_additive([m.num_requests for m in drafted], [m.batch_tokens for m in drafted],
-                                [m.median_ms / 1e3 for m in drafted])
-        if skips_drafter_at_budget_0:
-            skip = fit_draft_skip(additive, {m.num_requests: m.median_ms / 1e3 for m in rows
-                                             if m.batch_tokens == m.num_requests})
+    if any(drafted):
+        additive, skip = fit_step_table([m.num_requests for m in rows], [m.batch_tokens for m in rows],
+                                        [m.median_ms / 1e3 for m in rows], drafted)
     return SpsSection.model_validate({"cost": cost.model_dump(), "additive": additive and additive.model_dump(),
                                       "draft_skip_seconds": skip, "measurements": [m.model_dump() for m in rows]})

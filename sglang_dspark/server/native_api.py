@@ -1,5 +1,5 @@
-"""SGLang's native endpoints: /generate, /server_info, /metrics, /health, /health_generate,
-/flush_cache, /set_internal_state."""
+"""SGLang's native endpoints: /generate, /server_info, /model_info, /metrics, /health,
+/health_generate, /flush_cache, /set_internal_state."""
 
 from __future__ import annotations
 
@@ -58,6 +58,13 @@ async def health_generate(request: Request) -> Response:
 @router.get("/get_server_info")
 async def server_info(request: Request) -> dict:
     return await asyncio.wrap_future(engine_of(request).server_info())
+
+
+@router.get("/model_info")
+@router.get("/get_model_info")
+async def model_info(request: Request) -> dict:
+    """What sglang-router asks a worker when it registers it (SGLang's fields)."""
+    return {**engine_of(request).model_info(), "served_model_name": request.app.state.served_model_name}
 
 
 @router.get("/metrics")

@@ -1,11 +1,12 @@
-"""python -m sglang_dspark.train.draft_vocab --draft DIR --size N [--data-dir runs/data]
+"""python -m sglang_dspark.train.draft_vocab --draft DIR --size N [--data-dir DATA_DIR]
 
-Write DIR/draft_vocab.pt: the N token ids the target emits most often in the drafter's own
-training data (its sampled responses, prompts excluded), most frequent first. With it the drafter
-proposes only these tokens, which shrinks its vocabulary-sized GEMMs from V to N rows
-(DSparkDrafter.set_draft_vocab); verification stays exact. The data settings are read from
-DIR/train_summary.json, so the counts come from the very responses the drafter was trained on
-(regenerated only if the cache is gone). Prints the share of response tokens each size covers.
+Write DIR/draft_vocab.pt: the N token ids that carry the most of the target's next-token
+probability over the response positions of the drafter's own training data, most first. With it
+the drafter proposes only these tokens, which shrinks its vocabulary-sized GEMMs from V to N rows
+(DSparkDrafter.set_draft_vocab); verification stays exact. Training already writes the vocabulary
+it trained over (`python -m sglang_dspark.train --hot-vocab N`); this re-derives one of another
+size from the same data (DIR/train_summary.json names the dataset directories). Prints the share
+of the target's response probability mass each size covers.
 """
 
 from __future__ import annotations
@@ -21,30 +22,21 @@ import torch
 from sglang_dspark.drafter import load_config
 from sglang_dspark.drafter.checkpoint import save_draft_vocab
 from sglang_dspark.train import SUMMARY_NAME
+
 COVERAGE_SIZES = (1024, 2048, 4096, 8192, 16384, 32768)
 
 
-def response_token_counts(sequences, prompt_lens, vocab_size: int) -> torch.Tensor:
-    """How often each token id occurs in the responses (positions >= prompt length)."""
-    counts = torch.zeros(vocab_size, dtype=torch.int64)
-    for seq, plen in zip(sequences, prompt_lens):
-        counts += torch.bincount(torch.as_tensor(seq[plen:], dtype=torch.int64), minlength=vocab_size)
-    return counts
-
-
 def training_counts(draft_dir, data_dir=None) -> torch.Tensor:
-    """Response-token counts of the data the drafter in `draft_dir` was trained on."""
-    from sglang_dspark.train.data import prepare_dataset
+    """The target's summed next-token probabilities over the response positions of the data the
+    drafter in `draft_dir` was trained on (its train_summary.json names the dataset directories;
+    `data_dir` overrides them). Its ranking is the one a trained hot vocabulary was chosen by."""
+    from sglang_dspark.train.shards import SequenceStore
 
-    config = load_config(draft_dir)
     train = json.loads((Path(draft_dir) / SUMMARY_NAME).read_text())["args"]
-    data = prepare_dataset(
-        train["target"], data_dir or train["data_dir"], config.target_layer_ids,
-        max_new_tokens=train["gen_max_new_tokens"], temperature=train["gen_temperature"],
-        batch_size=train["gen_batch_size"], samples_per_prompt=train["gen_samples_per_prompt"],
-        seed=train["data_seed"],
-    )
-    return response_token_counts(data["sequences"], data["prompt_lens"], config.vocab_size)
+    if data_dir is None and "data" not in train:
+        raise ValueError(f"{draft_dir}: {SUMMARY_NAME} names no dataset directories (a drafter trained before "
+                         "python -m sglang_dspark.train.build_data existed); pass --data-dir")
+    return SequenceStore(data_dir or train["data"]).mass()
 
 
 def hot_vocab(counts: torch.Tensor, size: int) -> torch.Tensor:
@@ -65,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--draft", required=True, help="trained drafter directory (config.json, train_summary.json)")
     p.add_argument("--size", type=int, required=True, help="draft vocabulary size N (1 <= N <= V)")
-    p.add_argument("--data-dir", default=None, help="data cache (default: the one the training run used)")
+    p.add_argument("--data-dir", default=None, nargs="+",
+                   help="dataset directories (default: the ones the training run used)")
     return p
 
 
@@ -82,11 +75,16 @@ def main(argv=None) -> int:
     if not 1 <= args.size <= config.vocab_size:
         print(f"error: --size must be in [1, {config.vocab_size}], got {args.size}", file=sys.stderr)
         return 2
-    counts = training_counts(draft, args.data_dir)
+    try:
+        counts = training_counts(draft, args.data_dir)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     path = save_draft_vocab(hot_vocab(counts, args.size), draft)
-    print(f"{int(counts.sum())} response tokens, {int((counts > 0).sum())} distinct")
+    print(f"{float(counts.sum()):.0f} response positions")
     for n, share in coverage(counts, sorted(set(COVERAGE_SIZES) | {args.size})).items():
-        print(f"  top {n:>6}: {100 * share:6.2f} % of response tokens{'  <- written' if n == args.size else ''}")
+        print(f"  top {n:>6}: {100 * share:6.2f} % of the target's response probability mass"
+              f"{'  <- written' if n == args.size else ''}")
     print(f"wrote {path}")
     return 0
 

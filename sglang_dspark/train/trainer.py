@@ -1,13 +1,16 @@
 """Distillation loop: teacher-forced multi-anchor blocks against the frozen target.
 
-The target's distribution at each block slot is recovered from its cached final hidden state
-with the shared lm_head (one matmul), so the target never runs during training. The loop is
-deterministic for a seed (batch order and anchors come from one torch.Generator whose state is
-checkpointed); only the number of steps depends on the wall-clock budget.
+The target never runs during training: its distribution at each block slot is recovered from the
+stored final hidden state and log-normaliser over the drafter's hot vocabulary (train/hot_vocab.py),
+or over the whole vocabulary without one. Batch order and anchors come from one torch.Generator
+whose state is checkpointed, so a run is deterministic per step and resumes exactly; only the
+number of steps depends on the wall-clock budget (and, with a time budget, the learning-rate
+schedule, which follows the share of the budget spent).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +19,9 @@ import torch
 from tqdm import tqdm
 
 from sglang_dspark.drafter import DSparkDrafter
-from sglang_dspark.train.batches import make_batch
+from sglang_dspark.train.batches import FeatureLayout, make_batch
+from sglang_dspark.train.heldout import HeldoutEstimator
+from sglang_dspark.train.hot_vocab import hot_vocabulary, target_probs, vocab_index
 from sglang_dspark.train.losses import dspark_loss
 
 STATE_NAME = "trainer_state.pt"
@@ -27,23 +32,32 @@ class LoopConfig:
     seed: int = 0
     lr: float = 1e-3
     warmup_steps: int = 20
+    min_lr_ratio: float = 0.1  # cosine decay to this share of lr over the run (1.0: constant)
     weight_decay: float = 0.0
     seqs_per_step: int = 2
     anchors_per_seq: int = 32
     max_steps: int | None = None  # None: run until the time budget is spent
     time_budget_s: float | None = None
     save_every_s: float = 120.0
+    eval_every_s: float = 300.0  # held-out estimate interval (needs a held-out store)
     grad_clip: float = 1.0
+    bf16: bool = False  # CPU autocast to bfloat16 for the matmuls
 
 
 class Trainer:
-    def __init__(self, drafter: DSparkDrafter, data: dict, loop: LoopConfig, state_dir=None,
-                 on_checkpoint=None):
+    def __init__(self, drafter: DSparkDrafter, store, loop: LoopConfig, state_dir=None, on_checkpoint=None,
+                 hot_ids: torch.Tensor | None = None, heldout=None, log=print):
         self.drafter = drafter
-        self.data = data
+        self.store = store
         self.loop = loop
+        self.layout = FeatureLayout.of(store.layer_ids, drafter.config.target_layer_ids, drafter.config.hidden_size)
         self.state_dir = Path(state_dir) if state_dir is not None else None
         self.on_checkpoint = on_checkpoint  # called after each state save (e.g. export weights)
+        self.hot_ids = hot_ids
+        self.hot_lm_head = drafter.lm_head_weight[hot_ids] if hot_ids is not None else None
+        self.label_index = vocab_index(hot_ids, drafter.config.vocab_size) if hot_ids is not None else None
+        self.heldout = HeldoutEstimator(self, heldout) if heldout is not None else None
+        self.log = log
         params = [p for p in drafter.parameters() if p.requires_grad]
         self.optim = torch.optim.AdamW(params, lr=loop.lr, weight_decay=loop.weight_decay)
         self.generator = torch.Generator().manual_seed(loop.seed)
@@ -51,19 +65,23 @@ class Trainer:
         self.elapsed_s = 0.0
         self.order: list[int] = []
         self.history: list[dict] = []
+        self.evals: list[dict] = []
+        self.checks: list[dict] = []  # measured tau of exported checkpoints (train/__main__.py)
 
     # ---- resumable state --------------------------------------------------------------------
 
     def state_dict(self) -> dict:
         return {"model": self.drafter.state_dict(), "optim": self.optim.state_dict(),
                 "step": self.step, "elapsed_s": self.elapsed_s, "order": self.order,
-                "rng": self.generator.get_state(), "history": self.history}
+                "rng": self.generator.get_state(), "history": self.history, "evals": self.evals,
+                "checks": self.checks}
 
     def load_state_dict(self, state: dict) -> None:
         self.drafter.load_state_dict(state["model"])
         self.optim.load_state_dict(state["optim"])
         self.step, self.elapsed_s = state["step"], state["elapsed_s"]
         self.order, self.history = list(state["order"]), list(state["history"])
+        self.evals, self.checks = list(state.get("evals", [])), list(state.get("checks", []))
         self.generator.set_state(state["rng"])
 
     def try_resume(self) -> bool:
@@ -83,29 +101,51 @@ class Trainer:
         if self.on_checkpoint is not None:
             self.on_checkpoint(self)
 
-    # ---- training -----------------------------------------------------------------------------
+    # ---- one step -----------------------------------------------------------------------------
 
     def _next_indices(self) -> list[int]:
         want = self.loop.seqs_per_step
         while len(self.order) < want:  # a fresh shuffled epoch
-            n = len(self.data["sequences"])
-            self.order += torch.randperm(n, generator=self.generator).tolist()
+            self.order += torch.randperm(len(self.store), generator=self.generator).tolist()
         chosen, self.order = self.order[:want], self.order[want:]
         return chosen
 
     def _lr(self) -> float:
-        return self.loop.lr * min(1.0, (self.step + 1) / max(self.loop.warmup_steps, 1))
+        loop = self.loop
+        warm = min(1.0, (self.step + 1) / max(loop.warmup_steps, 1))
+        if loop.max_steps is not None:
+            done = self.step / max(loop.max_steps, 1)
+        elif loop.time_budget_s:
+            done = self.elapsed_s / loop.time_budget_s
+        else:
+            done = 0.0
+        decay = loop.min_lr_ratio + (1 - loop.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(done, 1.0)))
+        return loop.lr * warm * decay
+
+    def forward(self, batch):
+        """(draft logits, conf logits, target probs, outside mass, labels) over the training
+        vocabulary (the hot one, or the whole)."""
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.loop.bf16), \
+                hot_vocabulary(self.drafter, self.hot_ids, self.hot_lm_head):
+            out = self.drafter.forward_train(batch.input_ids, batch.context, batch.anchor_pos, batch.anchor_valid)
+        with torch.no_grad():
+            if self.hot_ids is None:
+                probs, outside = target_probs(batch.target_final, self.drafter.lm_head_weight, None)
+                labels = batch.labels
+            else:
+                probs, outside = target_probs(batch.target_final, self.hot_lm_head, batch.lse)
+                labels = self.label_index[batch.labels]
+        return out.logits.float(), out.conf_logits.float(), probs, outside, labels
+
+    def make_batch(self, store, indices, generator, anchors: int | None = None):
+        return make_batch(store, indices, anchors or self.loop.anchors_per_seq, self.drafter.gamma, generator,
+                          self.layout)
 
     def train_step(self) -> dict:
         self.drafter.train()
-        batch = make_batch(self.data, self._next_indices(), self.loop.anchors_per_seq,
-                           self.drafter.gamma, self.generator)
-        with torch.no_grad():
-            target_logits = batch.target_final @ self.drafter.lm_head_weight.T
-            target_probs = torch.softmax(target_logits.float(), dim=-1)
-        out = self.drafter.forward_train(batch.input_ids, batch.context, batch.anchor_pos,
-                                         batch.anchor_valid)
-        loss = dspark_loss(out.logits, out.conf_logits, target_probs, batch.labels, batch.valid)
+        batch = self.make_batch(self.store, self._next_indices(), self.generator)
+        logits, conf, probs, outside, labels = self.forward(batch)
+        loss = dspark_loss(logits, conf, probs, labels, batch.valid, outside)
         for group in self.optim.param_groups:
             group["lr"] = self._lr()
         self.optim.zero_grad(set_to_none=True)
@@ -117,38 +157,51 @@ class Trainer:
                 "l1": float(loss.l1), "conf": float(loss.conf), "accept": float(loss.accept),
                 "positions": batch.num_positions}
 
-    def _done(self) -> bool:
+    # ---- the loop -----------------------------------------------------------------------------
+
+    def done(self) -> bool:
         if self.loop.max_steps is not None and self.step >= self.loop.max_steps:
             return True
         return self.loop.time_budget_s is not None and self.elapsed_s >= self.loop.time_budget_s
 
+    def evaluate_heldout(self) -> dict | None:
+        if self.heldout is None:
+            return None
+        result = {"step": self.step, "elapsed_s": round(self.elapsed_s, 1), **self.heldout.estimate()}
+        self.evals.append(result)
+        self.log(f"held-out step {self.step} ({self.elapsed_s / 60:.1f} min): tau~ T=0 {result['tau_t0']:.3f}, "
+                 f"T=1 {result['tau_t1']:.3f}; acceptance per position "
+                 + " ".join(f"{a:.2f}" for a in result["accept_per_position"]))
+        return result
+
     def run(self, progress: bool = True) -> list[dict]:
-        total = self.loop.max_steps
-        bar = tqdm(total=total, initial=self.step, unit="step", disable=not progress,
-                   dynamic_ncols=True)
-        last_save = time.monotonic()
+        by_time = self.loop.max_steps is None and self.loop.time_budget_s is not None
+        total = round(self.loop.time_budget_s) if by_time else self.loop.max_steps
+        bar = tqdm(total=total, initial=round(self.elapsed_s) if by_time else self.step,
+                   unit="s" if by_time else "step", disable=not progress, dynamic_ncols=True, mininterval=2.0)
+        last_save = last_eval = time.monotonic()
+        if not self.evals:
+            self.evaluate_heldout()
         ema = None
-        while not self._done():
+        while not self.done():
             t0 = time.monotonic()
             stats = self.train_step()
+            if time.monotonic() - last_eval >= self.loop.eval_every_s:
+                self.evaluate_heldout()
+                last_eval = time.monotonic()
             dt = time.monotonic() - t0
             self.elapsed_s += dt
             stats["elapsed_s"] = round(self.elapsed_s, 2)
             self.history.append(stats)
-            ema = stats["loss"] if ema is None else 0.95 * ema + 0.05 * stats["loss"]
-            bar.update(1)
-            bar.set_postfix(loss=f"{ema:.3f}", accept=f"{stats['accept']:.3f}",
-                            tok_s=f"{stats['positions'] / max(dt, 1e-9):.0f}",
-                            left_min=self._minutes_left())
+            ema = stats["loss"] if ema is None else 0.98 * ema + 0.02 * stats["loss"]
+            bar.update(dt if by_time else 1)
+            bar.set_postfix(step=self.step, loss=f"{ema:.3f}", accept=f"{stats['accept']:.3f}",
+                            pos_s=f"{stats['positions'] / max(dt, 1e-9):.0f}", refresh=False)
             if time.monotonic() - last_save >= self.loop.save_every_s:
                 self.save()
                 last_save = time.monotonic()
         bar.close()
+        if self.evals and self.evals[-1]["step"] != self.step:
+            self.evaluate_heldout()
         self.save()
         return self.history
-
-    def _minutes_left(self) -> str:
-        if self.loop.time_budget_s is None:
-            return "-"
-        return f"{max(self.loop.time_budget_s - self.elapsed_s, 0) / 60:.1f}"
-

@@ -1,0 +1,92 @@
+"""What the engine benchmarks share: their common flags, the model pair, the held-out prompts, and
+one run of a request set through the engine on its thread."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def add_common_args(parser, result_name: str) -> None:
+    """--model, --draft, --profile, --threads and --out (benchmarks/results/<result_name>.json)."""
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="target directory or zoo name")
+    parser.add_argument("--draft", default=str(ROOT / "launch/models/smollm2-135m-instruct-dspark"), help="drafter directory")
+    parser.add_argument("--profile", default=str(ROOT / "sla_profiles/smollm2-135m-instruct-cpu.yaml"),
+                        help="SLA profile whose SPS table drives the scheduled mode")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--out", default=str(ROOT / f"benchmarks/results/{result_name}.json"), help="JSON output path")
+
+
+def heldout_prompts(tokenizer, count: int) -> list[list[int]]:
+    """`count` chat-templated prompt ids, cycling through the built-in held-out split."""
+    from sglang_dspark.prompts import load_prompts
+    from sglang_dspark.prompts import chat_ids
+
+    records = load_prompts("builtin:heldout")
+    return [chat_ids(tokenizer, records[i % len(records)].prompt) for i in range(count)]
+
+
+def load_pair(model: str, draft: str):
+    """(TargetModel, tokenizer, drafter) for a target directory or zoo name and a drafter directory:
+    the engine factory's loader, so benchmarks run exactly what the server runs."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from sglang_dspark import zoo
+    from sglang_dspark.engine.factory import load_models
+
+    return load_models(zoo.resolve_model(model), draft)
+
+
+@dataclass
+class Run:
+    wall_s: float  # first submit to last finish
+    arrivals: dict[str, list[tuple[float, int]]]  # per request: (seconds after start, tokens) of each output
+    completion_tokens: int
+    records: list  # the engine's StepRecords of the run
+
+    def user_speeds(self) -> list[float]:
+        """Per-user speed, the load tests' definition: (n_out - 1) / (t_last - t_first)."""
+        out = []
+        for events in self.arrivals.values():
+            n_out, span = sum(n for _, n in events), events[-1][0] - events[0][0]
+            if n_out > 1 and span > 0:
+                out.append((n_out - 1) / span)
+        return out
+
+    def ttfts(self) -> list[float]:
+        return [events[0][0] for events in self.arrivals.values()]
+
+
+def serve_all(engine, prompts: list[list[int]], params, timeout_s: float = 3600) -> Run:
+    """Submit every prompt at once to `engine` (an Engine) running on its thread, and wait for all."""
+    from sglang_dspark.engine.async_engine import AsyncEngine
+
+    arrivals: dict[str, list[tuple[float, int]]] = {}
+    done = threading.Event()
+    state = {"left": len(prompts), "tokens": 0}
+    client = AsyncEngine(engine)
+    first = engine.records.total
+
+    def callback(out):  # engine thread
+        now = time.perf_counter() - start
+        if out.token_ids:
+            arrivals.setdefault(out.request_id, []).append((now, len(out.token_ids)))
+        if out.finished:
+            state["tokens"] += out.completion_tokens
+            state["left"] -= 1
+            if state["left"] == 0:
+                done.set()
+
+    client.start()
+    start = time.perf_counter()
+    for ids in prompts:
+        client.submit(ids, params, callback)
+    if not done.wait(timeout=timeout_s):
+        raise RuntimeError(f"{state['left']} requests unfinished after {timeout_s} s")
+    wall = time.perf_counter() - start
+    client.shutdown()
+    return Run(wall, arrivals, state["tokens"], engine.records.since(first))

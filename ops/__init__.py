@@ -1,0 +1,1 @@
+"""Operating a DSpark deployment: Prometheus rules, the Grafana dashboard, runbooks, capacity."""

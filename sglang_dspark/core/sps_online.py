@@ -1,0 +1,204 @@
+"""The SPS table learned online from the engine's own steps.
+
+No offline profile is right for every host: a CPU model the profile never saw, a neighbour on the
+machine, a longer context all move step times. `OnlineSpsEstimator` refits the same additive form
+the profile uses from what each decode step measured (R requests, B verify tokens, drafter run or
+skipped, seconds):
+
+- drafted and undrafted steps are fitted together by the profile's own monotone NNLS fit
+  (core/sps_fit.py), weighted: `bias + alpha(R) + theta(B)`, less `skip(R)` when the drafter did
+  not run; the frequent undrafted steps move the shared terms, so drafted prices follow a host
+  that slows down too.
+
+Memory is bounded (the last `capacity` steps), old steps fade with a half-life of `half_life` steps,
+every step's time is rescaled by how fast the host ran around it (the running median of measured /
+fitted over `HOST_WINDOW` steps) to today's speed, so the table follows a host that slows down, and
+a step whose time is more than `outlier_mads` robust deviations from the fit is left out of the
+refit (one stall does not move the table).
+Before any drafted step has been seen the table prices drafting as prohibitive, so a planner on it
+starts target-only; a `prior` table (a profile, possibly from other hardware) fills what the steps
+have not covered yet, scaled by the median measured / prior ratio, with the weight of
+`prior_weight` steps in all.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.ndimage import median_filter
+from scipy.optimize import isotonic_regression
+
+from sglang_dspark.core.sps import SpsAdditiveCostTable, SpsTable
+from sglang_dspark.core.sps_fit import fit_step_table
+
+PROHIBITIVE_SECONDS = 10.0  # what a drafted step costs in a table that has never seen one
+HOST_WINDOW = 33  # steps over which the host's speed (measured / fitted) is taken as constant
+
+
+@dataclass(frozen=True)
+class StepSample:
+    num_requests: int
+    batch_tokens: int
+    drafted: bool
+    seconds: float
+    index: int  # the estimator's step counter when it was observed
+
+
+def _weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
+    order = np.argsort(values)
+    cumulative = np.cumsum(weights[order])
+    return float(values[order][np.searchsorted(cumulative, 0.5 * cumulative[-1])])
+
+
+class OnlineSpsEstimator:
+    def __init__(self, *, prior: SpsTable | None = None, prior_weight: float = 16.0, capacity: int = 2048,
+                 half_life: float = 64.0, refit_every: int = 16, outlier_mads: float = 4.0):
+        self.prior, self.prior_weight = prior, prior_weight
+        self.half_life, self.refit_every, self.outlier_mads = half_life, refit_every, outlier_mads
+        self.samples: deque[StepSample] = deque(maxlen=capacity)
+        self.steps = 0  # steps observed, ever
+        self.refits = 0
+        self.fitted_at = -1  # self.steps at the last refit
+        self.prior_scale = 1.0  # measured / prior, the last refit's
+        self._table: SpsTable | None = None
+        self._drafted_by_r: Counter[int] = Counter()  # drafted samples held, per batch size
+
+    # ---- feeding -----------------------------------------------------------------------------
+    def observe(self, num_requests: int, batch_tokens: int, drafted: bool, seconds: float) -> None:
+        if seconds > 0 and num_requests >= 1 and batch_tokens >= num_requests:
+            if len(self.samples) == self.samples.maxlen and self.samples[0].drafted:
+                self._drafted_by_r[self.samples[0].num_requests] -= 1  # about to fall out
+            self.samples.append(StepSample(num_requests, batch_tokens, drafted, seconds, self.steps))
+            if drafted:
+                self._drafted_by_r[num_requests] += 1
+        self.steps += 1
+
+    @property
+    def has_drafted(self) -> bool:
+        return any(n > 0 for n in self._drafted_by_r.values())
+
+    def drafted_count(self, num_requests: int) -> int:
+        return self._drafted_by_r[num_requests]
+
+    def drafted_in_bucket(self, bucket: int) -> int:
+        """Drafted samples held whose batch size R has bit_length `bucket` (1, 2-3, 4-7, ...)."""
+        return sum(n for r, n in self._drafted_by_r.items() if r.bit_length() == bucket)
+
+    # ---- reading -----------------------------------------------------------------------------
+    def table(self) -> SpsTable | None:
+        """The current table (refit after every `refit_every` new steps); None before any step."""
+        if self._table is None or self.steps - self.fitted_at >= self.refit_every:
+            self._table = self._fit()
+            self.fitted_at, self.refits = self.steps, self.refits + 1
+        return self._table
+
+    def _weights(self, samples) -> np.ndarray:
+        age = self.steps - np.array([s.index for s in samples], dtype=np.float64)
+        return 0.5 ** (age / self.half_life)
+
+    def _fit(self) -> SpsTable | None:
+        samples = list(self.samples)
+        if not samples and self.prior is None:
+            return None
+        if self.prior is not None:
+            self.prior_scale = self._prior_scale(samples)
+        elif not any(s.drafted for s in samples):
+            return untested_table(self._undrafted_costs(samples))
+        r = [s.num_requests for s in samples]
+        b = [s.batch_tokens for s in samples]
+        y = [s.seconds for s in samples]
+        d = [s.drafted for s in samples]
+        w = self._weights(samples).tolist() if samples else []
+        if self.prior is not None:  # pseudo-steps from the scaled prior, where the steps are thin
+            grid = _prior_grid(self.prior)
+            for pr, pb, drafted in grid:
+                r.append(pr)
+                b.append(pb)
+                d.append(drafted)
+                y.append(self.prior_scale / self.prior(pb, pr, drafted=drafted))
+                w.append(self.prior_weight / len(grid))
+        n = len(samples)
+        if n < 16:
+            return SpsTable(*fit_step_table(r, b, y, d, w))
+        r, b, y, d, w = (np.asarray(x) for x in (r, b, y, d, w))
+        table = self._robust_fit(r, b, y, d, w, n)
+        # The host's speed drifts (a neighbour, thermal limits): bring every step to the speed of the
+        # latest ones, so a drafted step measured before a slowdown prices the drafter at today's speed.
+        ratio = y[:n] / table.seconds_at(r[:n], b[:n], d[:n])
+        speed = median_filter(ratio, size=HOST_WINDOW, mode="reflect")  # reflect: no edge value repeated
+        y = y.copy()
+        y[:n] *= float(np.median(ratio[-HOST_WINDOW:])) / speed
+        return self._robust_fit(r, b, y, d, w, n)
+
+    def _robust_fit(self, r, b, y, d, w, n: int) -> SpsTable:
+        """Fit, leave out the first `n` steps the fit cannot explain (a stall, a GC pause: more than
+        `outlier_mads` robust deviations), fit again. The rest are prior pseudo-steps, always kept."""
+        table = SpsTable(*fit_step_table(r, b, y, d, w))
+        residual = y[:n] - table.seconds_at(r[:n], b[:n], d[:n])
+        scale = 1.4826 * _weighted_median(np.abs(residual), w[:n]) + 1e-9
+        keep = np.concatenate([np.abs(residual) <= self.outlier_mads * scale, np.ones(len(r) - n, dtype=bool)])
+        if not keep.all() and d[keep].any():
+            table = SpsTable(*fit_step_table(r[keep], b[keep], y[keep], d[keep], w[keep]))
+        return table
+
+    def _undrafted_costs(self, samples) -> dict[int, float]:
+        """R -> seconds of a budget-0 step: weighted medians, made non-decreasing in R."""
+        if not samples:
+            return {}
+        weights = self._weights(samples)
+        rs = sorted({s.num_requests for s in samples})
+        medians, totals = [], []
+        for r in rs:
+            idx = [i for i, s in enumerate(samples) if s.num_requests == r]
+            medians.append(_weighted_median(np.array([samples[i].seconds for i in idx]), weights[idx]))
+            totals.append(float(weights[idx].sum()))
+        smooth = isotonic_regression(np.array(medians), weights=np.array(totals), increasing=True).x
+        return dict(zip(rs, smooth.tolist()))
+
+    def _prior_scale(self, samples) -> float:
+        """How much slower (> 1) or faster this host runs than the prior says: the weighted median
+        of measured / prior over the recent steps."""
+        if not samples:
+            return self.prior_scale
+        ratios = np.array([s.seconds / (1.0 / self.prior(s.batch_tokens, s.num_requests, drafted=s.drafted))
+                           for s in samples])
+        return _weighted_median(ratios, self._weights(samples))
+
+    # ---- for a profile snapshot --------------------------------------------------------------
+    def step_times(self) -> dict[tuple[int, int], list[float]]:
+        """Recent step times (ms) keyed by (R, B), the shape a profile's measurements summarise:
+        drafted steps with B > R and undrafted ones with B = R (a drafted step that verified
+        nothing, a measuring probe, is neither kind a profile records)."""
+        out: dict[tuple[int, int], list[float]] = {}
+        for s in self.samples:
+            if s.drafted == (s.batch_tokens > s.num_requests):
+                out.setdefault((s.num_requests, s.batch_tokens), []).append(s.seconds * 1e3)
+        return out
+
+
+def _prior_grid(prior: SpsTable) -> list[tuple[int, int, bool]]:
+    """(R, B, drafted) points that pin the prior's shape: each of its batch sizes undrafted and
+    drafted at a few budgets."""
+    table = prior.table
+    rs = getattr(table, "bs_probes", None) or [1]
+    top = getattr(table, "m_probes", None) or table.sample_batch_tokens
+    points = []
+    for r in rs:
+        points.append((r, r, prior.draft_skip_seconds is None))  # a prior without the skip always drafts
+        points += [(r, b, True) for b in sorted({r + 1, 2 * r, 4 * r, 8 * r, max(top)}) if b > r]
+    return points
+
+
+def untested_table(undrafted: dict[int, float] | None = None) -> SpsTable:
+    """A table for an engine that has never drafted: a budget-0 step costs what was measured
+    (R -> seconds; 10 ms before any step), any draft costs PROHIBITIVE_SECONDS more, so a planner
+    on it verifies nothing until drafting has been measured."""
+    undrafted = undrafted or {1: 0.01}
+    rs = sorted(undrafted)
+    costs = [undrafted[r] for r in rs]
+    bias = 1e-5
+    additive = SpsAdditiveCostTable(bias_seconds=bias, bs_probes=rs, alpha_seconds=costs, m_probes=[1],
+                                    theta_seconds=[PROHIBITIVE_SECONDS])
+    return SpsTable(additive, [PROHIBITIVE_SECONDS + bias] * len(rs))

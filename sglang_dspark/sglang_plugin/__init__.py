@@ -1,0 +1,67 @@
+"""The bundle inside SGLang 0.5.23: a `sglang.srt.plugins` plugin, not a fork.
+
+`register()` runs once in every SGLang process (entry point `sglang.srt.plugins:sglang_dspark` in
+pyproject.toml; `SGLANG_PLUGINS`, when set, must list it). It checks the SGLang version and that
+every hook target exists, and registers nothing (one log line, SGLang keeps working) when either
+fails. The hooks (targets.py): the SLA / learned-table planner (planner.py), metrics and the
+learner's feed from the step observer (observer.py), and the STS collection fixes (sts.py).
+
+Nothing here imports prometheus_client or reads SGLang's parallel config at load time: SGLang sets
+PROMETHEUS_MULTIPROC_DIR and publishes ranks later; both are read inside the hooks.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import pkgutil
+from importlib import metadata
+
+from sglang_dspark.sglang_plugin import targets
+
+logger = logging.getLogger(__name__)
+
+
+def check() -> str | None:
+    """None when this SGLang is the one the hooks were written for, else why not (one line)."""
+    try:
+        version = metadata.version("sglang")
+    except metadata.PackageNotFoundError:
+        return "sglang is not installed"
+    if version != targets.SGLANG_VERSION:
+        return f"sglang {version} is installed, the hooks are for {targets.SGLANG_VERSION}"
+    missing = []
+    for target in (*targets.HOOKED, *targets.READ):
+        try:
+            pkgutil.resolve_name(target)
+        except (ImportError, AttributeError, ValueError):
+            missing.append(target)
+    return f"hook targets missing in this sglang: {', '.join(missing)}" if missing else None
+
+
+@functools.lru_cache(maxsize=1)
+def hooks() -> tuple[tuple[str, object, str], ...]:
+    """(target, hook, hook type name) for every hook the plugin installs (one set per process)."""
+    from sglang_dspark.sglang_plugin import observer, planner, sts
+
+    recorder = sts.per_rank_recorder(pkgutil.resolve_name(targets.STS_RECORDER))
+    return (
+        (targets.PLANNER, planner.around_budget, "AROUND"),
+        (targets.OBSERVE_STEP, observer.around_observe_step, "AROUND"),
+        (targets.BEGIN_STEP, observer.after_begin_step, "AFTER"),
+        (targets.OBSERVERS_INIT, sts.refuse_compact_collection, "AFTER"),
+        (targets.SCHEDULER_SHUTDOWN, sts.flush_all, "AFTER"),
+        (targets.STS_RECORDER, recorder, "REPLACE"),
+    )
+
+
+def register() -> None:
+    reason = check()
+    if reason is not None:
+        logger.warning("sglang_dspark plugin not registered: %s; SGLang runs without it", reason)
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    for target, hook, kind in hooks():
+        HookRegistry.register(target, hook, HookType[kind])
+    logger.info("sglang_dspark plugin registered %d hooks", len(targets.HOOKED))

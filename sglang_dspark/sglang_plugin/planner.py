@@ -1,0 +1,46 @@
+"""The planner hook: AROUND SGLang's `compute_verify_token_budget`.
+
+SGLang calls it once per decode step on every TP rank, from the lagged survival matrix, and the
+budget it returns picks the step's CUDA-graph size, so every rank must reach the same number: the
+decision here reads only what all ranks share (the survival matrix, the profile's table, the
+tier). In SLA mode the budget is the bundle's SLA decision (core/schedule.py); with online learning
+the original runs on the learned table instead of the profile's; otherwise the original runs
+untouched. The original is always reached through `original_fn`, never a module-level name (the
+hook registry rebinds those to this wrapper).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from sglang_dspark.sglang_plugin.settings import settings
+
+logger = logging.getLogger(__name__)
+
+
+def around_budget(original_fn, *, history_survival_probs, sps_table, cfg):
+    plugin = settings()
+    if not plugin.changes_decisions:
+        return original_fn(history_survival_probs=history_survival_probs, sps_table=sps_table, cfg=cfg)
+    from sglang_dspark.sglang_plugin.observer import learned_table
+
+    learned = learned_table() if plugin.learning else None
+    if plugin.tier is None:
+        table = learned.table if learned is not None else sps_table
+        return original_fn(history_survival_probs=history_survival_probs, sps_table=table, cfg=cfg)
+    from sglang_dspark.core.schedule import decide_budget_sla
+
+    ours = learned.ours if learned is not None else profile_table()
+    decision = decide_budget_sla(history_survival_probs[:, : cfg.gamma], ours, plugin.tier.tok_s_per_user)
+    budget_decision = sys.modules[original_fn.__module__].VerifyBudgetDecision
+    return budget_decision(budget=decision.budget, predicted_step_seconds=decision.predicted_step_seconds,
+                           predicted_theta=decision.predicted_theta)
+
+
+def profile_table():
+    """The profile's table as SGLang's worker runs it: always drafting (no drafter-skip saving)."""
+    from sglang_dspark.core.sps import SpsTable
+
+    sps = settings().profile.sps
+    return SpsTable(sps.additive if sps.additive is not None else sps.cost)

@@ -1,0 +1,23 @@
+"""Where the plugin hooks into SGLang 0.5.23, by dotted path. `register()` checks every one of them
+before touching anything: an SGLang whose internals moved gets no hook at all, not half of them."""
+
+from __future__ import annotations
+
+SGLANG_VERSION = "0.5.23"
+
+P = "sglang.srt.speculative.dspark_components.dspark_planner"
+O = "sglang.srt.speculative.dspark_components.dspark_observability"
+S = "sglang.srt.speculative.dspark_components.dspark_sts"
+
+PLANNER = f"{P}.compute_verify_token_budget"  # AROUND: SLA decision or learned table, else the original
+BUDGET_DECISION = f"{P}.VerifyBudgetDecision"  # the struct the planner returns (read, not hooked)
+OBSERVE_STEP = f"{O}.DsparkStepObservers.observe_verify_step"  # AROUND: metrics, learner feed
+BEGIN_STEP = f"{O}.DsparkStepObservers.begin_step"  # AFTER: the step clock
+OBSERVERS_INIT = f"{O}.DsparkStepObservers.__init__"  # AFTER: refuse STS collection in compact mode
+STS_RECORDER = f"{S}.StsDataRecorder"  # REPLACE (class): per-rank files, final flush
+SCHEDULER_SHUTDOWN = "sglang.srt.managers.scheduler.Scheduler.release_host_resources"  # AFTER: flush STS
+PARALLEL = "sglang.srt.runtime_context.get_parallel"  # read inside hooks only (unpublished at register)
+ADDITIVE_TABLE = "sglang.srt.speculative.dspark_components.dspark_sps.SpsAdditiveCostTable"  # the learned table
+
+HOOKED = (PLANNER, OBSERVE_STEP, BEGIN_STEP, OBSERVERS_INIT, STS_RECORDER, SCHEDULER_SHUTDOWN)
+READ = (BUDGET_DECISION, PARALLEL, ADDITIVE_TABLE)

@@ -1,0 +1,54 @@
+"""Servers in subprocesses, on loopback only (slow tests): a free port, a reference server started
+through `python -m sglang_dspark.launch` and waited for, a process group stopped on exit."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+READY_LINE = "DSpark server ready on"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_reference_server(*launch_args: str, port: int, timeout_s: float = 180.0) -> subprocess.Popen:
+    """`python -m sglang_dspark.launch ... --port PORT` in its own process group, returned once it
+    printed its ready line (AssertionError with its last output if it never does)."""
+    proc = subprocess.Popen([sys.executable, "-m", "sglang_dspark.launch", *launch_args, "--host", "127.0.0.1",
+                             "--port", str(port)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            break
+        lines.append(line)
+        if READY_LINE in line:
+            return proc
+    stop(proc)
+    raise AssertionError("server did not become ready:\n" + "".join(lines[-30:]))
+
+
+def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 60.0) -> int:
+    """Signal the process group; kill it if it outlives `timeout_s`. Returns the exit code."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    return proc.returncode

@@ -1,0 +1,109 @@
+"""docs/ARCHITECTURE.md is true: every import of ours follows the dependency block, every module is
+in the layout block (and every file there exists), SGLang is imported only where the document says,
+and the engine's step reads as schedule, run, postprocess, record."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "sglang_dspark"
+DOC = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+
+
+def _block(kind: str) -> str:
+    match = re.search(rf"```{kind}\n(.*?)```", DOC, re.S)
+    assert match, f"docs/ARCHITECTURE.md has no ```{kind} block"
+    return match.group(1)
+
+
+def allowed_imports() -> dict[str, set[str]]:
+    rules = {}
+    for line in _block("dependencies").splitlines():
+        if line.strip():
+            unit, _, deps = line.partition("->")
+            rules[unit.strip()] = set() if deps.strip() == "-" else {d.strip() for d in deps.split(",")}
+    return rules
+
+
+def _unit(path: Path) -> str:
+    """The top-level package or module of sglang_dspark a file belongs to."""
+    return path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+
+
+def imports_of(path: Path) -> tuple[set[str], set[str]]:
+    """(units of ours this file imports, top-level third-party modules it imports)."""
+    ours, others = set(), set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else []
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "sglang_dspark":
+                if len(parts) > 1:
+                    ours.add(parts[1])
+            else:
+                others.add(parts[0])
+    return ours, others
+
+
+def test_every_import_follows_the_diagram():
+    rules = allowed_imports()
+    sglang_importers = set(_block("sglang-importers").split())
+    units = {_unit(p) for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" or p.parent != PACKAGE}
+    assert units == set(rules), f"diagram and code disagree on the units: {units ^ set(rules)}"
+    violations = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.parent == PACKAGE and path.name == "__init__.py":
+            continue
+        unit = _unit(path)
+        ours, others = imports_of(path)
+        for target in ours - {unit} - {"__version__"}:
+            if target not in rules[unit]:
+                violations.append(f"{path.relative_to(ROOT)} imports {target} ({unit} may import {sorted(rules[unit])})")
+        if "sglang" in others and unit not in sglang_importers:
+            violations.append(f"{path.relative_to(ROOT)} imports sglang")
+    assert not violations, "\n".join(violations)
+
+
+def test_the_diagram_has_no_cycle():
+    rules = allowed_imports()
+    order = []
+    while rules:
+        ready = [u for u, deps in rules.items() if deps <= set(order)]
+        assert ready, f"cycle among {sorted(rules)}"
+        order += ready
+        for u in ready:
+            rules.pop(u)
+
+
+def test_layout_lists_every_module_and_nothing_else():
+    listed, stack = set(), []
+    for line in _block("layout").splitlines():
+        match = re.match(r"^( *)(\S+)", line)
+        if not match or match.group(2).startswith(("(", "`")) or line.strip().startswith(("package", "quickstart")):
+            continue
+        depth, name = len(match.group(1)) // 2, match.group(2)
+        if not name.endswith((".py", "/")) and "." not in name:
+            continue  # a continuation line of a description
+        stack = stack[:depth] + [name]
+        listed.add("".join(stack))
+    modules = {str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py") if p.name not in ("__init__.py", "__main__.py")}
+    listed_modules = {p for p in listed if p.endswith(".py") and p.startswith("sglang_dspark/")}
+    assert modules == listed_modules, f"missing from the layout: {sorted(modules - listed_modules)}; " \
+                                      f"listed but absent: {sorted(listed_modules - modules)}"
+    for path in listed:
+        assert (ROOT / path).exists(), f"the layout lists {path}, which does not exist"
+
+
+def test_engine_step_reads_as_schedule_run_postprocess_record():
+    from sglang_dspark.engine.engine import Engine
+
+    tree = ast.parse(inspect.getsource(Engine.step).strip())
+    calls = sorted((n.lineno, n.col_offset, n.func.attr) for n in ast.walk(tree) if isinstance(n, ast.Call)
+                   and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) and n.func.value.id == "self")
+    calls = [name for *_, name in calls]
+    assert calls[:4] == ["schedule", "run", "postprocess", "record"], calls

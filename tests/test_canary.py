@@ -1,0 +1,134 @@
+"""The correctness canary: greedy requests replayed without speculation match token for token on
+the real engine, and a deliberately broken verification is caught."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from engine_fixtures import TickClock, run_to_completion, tiny_engine, tiny_hf_target
+
+from sglang_dspark.core.sps import SpsTable
+from sglang_dspark.engine import engine as engine_module
+from sglang_dspark.engine.canary import chosen
+from sglang_dspark.engine.sampling import SamplingParams
+
+FREE = SpsTable.from_points([1, 64], [100.0, 100.0], max_batch_tokens=64)  # verify tokens free: drafts get verified
+
+
+def _prompts(n: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(3)
+    return [torch.randint(4, 40, (5,), generator=g).tolist() for _ in range(n)]
+
+
+def _drain(engine, steps: int = 2000) -> None:
+    """Step until the canary's queue is empty and nothing runs (replays are not user requests)."""
+    for _ in range(steps):
+        if engine.idle and not engine.canary.queue:
+            return
+        engine.step()
+    raise AssertionError("replays did not finish")
+
+
+def test_replays_match_on_the_real_engine(tmp_path):
+    engine = tiny_engine("scheduled", hf=tiny_hf_target(), sps=FREE, max_running=4, learn_sps=False,
+                         canary_share=1.0, canary_dir=str(tmp_path), clock=TickClock())  # the guard sees fixed times
+    greedy = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    sampled = SamplingParams(max_tokens=24, temperature=1.0, ignore_eos=True)
+    run_to_completion(engine, _prompts(8), [greedy] * 6 + [sampled] * 2)
+    _drain(engine)
+    assert sum(r.accepted_drafts for r in engine.records) > 0  # the originals really speculated
+    assert engine.canary.replays == 6 and engine.canary.mismatches == 0  # sampled requests are not replayed
+    text = engine.metrics.render().decode()
+    assert "sglang_dspark_canary_replays_total 6.0" in text and "sglang_dspark_canary_mismatches_total 0.0" in text
+    assert "sglang_dspark_generation_tokens_total 192.0" in text  # replays are not counted as output
+    assert not (tmp_path / "canary_mismatches.jsonl").exists()
+
+
+def test_a_broken_verification_is_caught(tmp_path, monkeypatch):
+    """A verifier that sometimes accepts the first rejected draft (a kernel bug): the replay, which
+    verifies nothing, decodes the target's own tokens and the canary counts the difference."""
+    real = engine_module.verify_step
+    calls = {"n": 0}
+
+    def broken(batch, drafts, draft_probs, logits, lens, shared):
+        num_acc, nxt = real(batch, drafts, draft_probs, logits, lens, shared)
+        calls["n"] += 1
+        wrong = (num_acc < lens) & (calls["n"] % 5 == 0)  # every fifth step, one wrong draft slips through
+        if bool(wrong.any()):
+            i = int(wrong.nonzero()[0])
+            nxt[i] = drafts[i, num_acc[i]]  # emit the rejected draft as if it were right
+        return num_acc, nxt
+
+    monkeypatch.setattr(engine_module, "verify_step", broken)
+    engine = tiny_engine("full", hf=tiny_hf_target(), max_running=4, canary_share=1.0, canary_dir=str(tmp_path))
+    run_to_completion(engine, _prompts(8), [SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)] * 8)
+    _drain(engine)
+    assert engine.canary.mismatches > 0 and engine.canary.replays == 8
+    assert f"sglang_dspark_canary_mismatches_total {float(engine.canary.mismatches)}" in engine.metrics.render().decode()
+    evidence = [json.loads(line) for line in (tmp_path / "canary_mismatches.jsonl").read_text().splitlines()]
+    assert len(evidence) == engine.canary.mismatches
+    first = evidence[0]
+    assert first["speculative"][: first["first_difference"]] == first["replayed"][: first["first_difference"]]
+    assert first["speculative"][first["first_difference"]] != first["replayed"][first["first_difference"]]
+
+
+def test_the_share_is_a_content_blind_hash():
+    ids = [f"req-{i}" for i in range(4000)]
+    share = sum(chosen(i, 0.05) for i in ids) / len(ids)
+    assert 0.035 < share < 0.065 and chosen("req-1", 0.05) == chosen("req-1", 0.05)
+    assert not any(chosen(i, 0.0) for i in ids) and all(chosen(i, 1.0) for i in ids)
+
+
+def test_replays_wait_for_spare_capacity():
+    """A replay takes a slot only when one is free and no user waits: users always go first."""
+    engine = tiny_engine("target", max_running=2, canary_share=1.0)
+    short = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    long = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    engine.submit([5, 6], short, lambda out: None, "a")
+    engine.submit([7, 8], long, lambda out: None, "b")
+    engine.submit([9, 10], long, lambda out: None, "c")  # waits: both slots are taken
+    for _ in range(50):
+        if any(r.id == "c" for r in engine.scheduler.running):
+            break
+        engine.step()
+    assert len(engine.canary.queue) == 1  # "a" finished; its slot went to the waiting user, not the replay
+    assert sorted(r.id for r in engine.scheduler.running) == ["b", "c"]
+    _drain(engine)
+    assert engine.canary.replays == 3 and engine.canary.mismatches == 0
+
+
+def test_the_prober_compares_a_dspark_server_with_a_target_only_one(tmp_path, monkeypatch):
+    """The fleet-side canary: one server speculates (its verification broken for the second half),
+    the other decodes target-only; the prober counts what differs."""
+    from sglang_dspark.canary_probe import probe
+    from sglang_dspark.engine.async_engine import AsyncEngine
+    from sglang_dspark.metrics import EngineMetrics
+    from sglang_dspark.server import create_app
+    from loopback_server import serve_on_loopback
+
+    hf = tiny_hf_target()
+    dspark = AsyncEngine(tiny_engine("full", hf=hf, max_running=2))
+    reference = AsyncEngine(tiny_engine("target", hf=hf, max_running=2))
+    prompts = [" ".join(f"w{t}" for t in p) for p in _prompts(4)]
+    for e in (dspark, reference):
+        e.start()
+    try:
+        with serve_on_loopback(create_app(dspark)) as d, serve_on_loopback(create_app(reference)) as r:
+            metrics = EngineMetrics()
+            assert probe(d, r, prompts, max_tokens=20, metrics=metrics) == (4, 0)
+            real = engine_module.verify_step
+
+            def broken(batch, drafts, draft_probs, logits, lens, shared):
+                num_acc, nxt = real(batch, drafts, draft_probs, logits, lens, shared)
+                wrong = num_acc < lens
+                nxt[wrong] = drafts[wrong, num_acc[wrong]]  # every rejected draft slips through
+                return num_acc, nxt
+
+            monkeypatch.setattr(engine_module, "verify_step", broken)
+            assert probe(d, r, prompts, max_tokens=20, metrics=metrics, evidence_dir=tmp_path) == (4, 4)
+    finally:
+        for e in (dspark, reference):
+            e.shutdown()
+    assert "sglang_dspark_canary_mismatches_total 4.0" in metrics.render().decode()
+    assert len((tmp_path / "canary_mismatches.jsonl").read_text().splitlines()) == 4

@@ -1,0 +1,162 @@
+"""`launch --engine sglang`: every printed command parses with SGLang's own ServerArgs, over a matrix
+of modes, profiles, tiers and tp / dp / nodes; the environment configures the plugin; exported
+tables land in a named or cached directory, never a temporary one."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import shlex
+import sys
+
+import pytest
+from test_profiles import make_model_dirs, make_profile
+
+from sglang_dspark import launch
+
+pytestmark = pytest.mark.sglang
+
+
+@pytest.fixture(scope="module")
+def server_args():
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    ServerArgs.add_cli_args(parser)
+    return parser, ServerArgs
+
+
+@pytest.fixture
+def dirs(tmp_path, monkeypatch):
+    target, draft = make_model_dirs(tmp_path, gamma=3)
+    make_profile(engine="sglang", target_dir=target, draft_dir=draft).save(tmp_path / "profile.yaml")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the export cache lives under ~/.cache
+    monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
+    return tmp_path
+
+
+def printed_nodes(text: str) -> list[tuple[dict[str, str], list[str]]]:
+    """(environment, argv after `-m sglang.launch_server`) of every node the dry run printed."""
+    nodes, env = [], {}
+    for line in text.strip().splitlines():
+        if line.startswith("export "):
+            key, _, value = line.removeprefix("export ").partition("=")
+            env[key] = shlex.split(value)[0]
+        elif "sglang.launch_server" in line:
+            words = shlex.split(line)
+            start = words.index("sglang.launch_server") + 1
+            assert words[: start] == [sys.executable, "-m", "sglang.launch_server"]
+            nodes.append((env, words[start:]))
+            env = {}
+    return nodes
+
+
+def _dry_run(dirs, capsys, *extra) -> list[tuple[dict[str, str], list[str]]]:
+    rc = launch.main(["--model", str(dirs / "target"), "--draft", str(dirs / "draft"), "--engine", "sglang",
+                      "--dry-run", *extra])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    return printed_nodes(out.out)
+
+
+MATRIX = list(itertools.product(
+    ("target", "full", "scheduled"),
+    ((), ("--sla-tier", "interactive"), ("--sps-learning", "off")),
+    ((), ("--tp", "2"), ("--dp", "2"), ("--tp", "2", "--nnodes", "2", "--dist-init-addr", "10.0.0.1:5000")),
+))
+
+
+@pytest.mark.parametrize("mode,tier,parallel", MATRIX)
+def test_every_printed_command_parses_with_sglangs_server_args(dirs, capsys, server_args, mode, tier, parallel):
+    parser, ServerArgs = server_args
+    tp, dp = (int(parallel[parallel.index(f) + 1]) if f in parallel else 1 for f in ("--tp", "--dp"))
+    profile = dirs / f"profile-tp{tp}-dp{dp}.yaml"  # a profile is captured per deployment shape
+    make_profile(engine="sglang", target_dir=dirs / "target", draft_dir=dirs / "draft", tp=tp, dp=dp).save(profile)
+    nodes = _dry_run(dirs, capsys, "--mode", mode, "--profile", str(profile), "--max-running", "8", *tier, *parallel)
+    nnodes = int(parallel[parallel.index("--nnodes") + 1]) if "--nnodes" in parallel else 1
+    assert len(nodes) == nnodes
+    for rank, (env, argv) in enumerate(nodes):
+        args = parser.parse_args(argv)  # an unknown or misspelt flag raises here
+        assert ServerArgs.from_cli_args(args).model_path == str(dirs / "target")
+        assert args.enable_metrics and (args.node_rank, args.nnodes) == (rank, nnodes)
+        assert args.speculative_algorithm == (None if mode == "target" else "DSPARK")
+        assert env.get("SGLANG_RAGGED_VERIFY_MODE") == {"target": None, "full": "static", "scheduled": "compact"}[mode]
+        assert (args.tp_size, args.dp_size) == (tp, dp)
+        if mode == "scheduled":
+            assert env["SGLANG_DSPARK_PROFILE"] == str(profile)
+            assert ("SGLANG_DSPARK_SLA_TIER" in env) == bool(tier and tier[0] == "--sla-tier")
+            assert args.max_running_requests == (4 if tier and tier[0] == "--sla-tier" else 8)  # the tier's cap
+            exported = json.loads(open(args.speculative_dspark_sps_table_path).read())
+            assert exported["sample_batch_tokens"] == [1, 4, 8, 16, 32]
+            assert args.speculative_dspark_sps_table_path.startswith(str(dirs / "home" / ".cache"))
+            assert args.speculative_dspark_block_size == 3
+        else:
+            assert not any(k.startswith("SGLANG_DSPARK_") for k in env)
+
+
+def test_a_profile_of_another_deployment_shape_is_refused(dirs, capsys):
+    rc = launch.main(["--model", str(dirs / "target"), "--draft", str(dirs / "draft"), "--engine", "sglang",
+                      "--dry-run", "--profile", str(dirs / "profile.yaml"), "--tp", "2"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "tp: profile 1, actual 2" in err and "\n" not in err
+
+
+def test_a_misspelt_flag_fails_the_parse(dirs, capsys, server_args):
+    parser, _ = server_args
+    (env, argv), = _dry_run(dirs, capsys, "--mode", "full")
+    with pytest.raises((argparse.ArgumentError, SystemExit)):
+        parser.parse_args([a.replace("--speculative-draft-model-path", "--speculative-draft-model-pth") for a in argv])
+
+
+def test_profile_capture_mode_and_its_command(dirs, capsys, server_args):
+    parser, _ = server_args
+    rc = launch.main(["--model", str(dirs / "target"), "--draft", str(dirs / "draft"), "--engine", "sglang",
+                      "--dry-run", "--profile-capture", "--port", "31000", "--admin-api-key", "sk-admin"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    (env, argv), = printed_nodes(out)
+    assert env == {"SGLANG_RAGGED_VERIFY_MODE": "static", "SGLANG_DSPARK_ENABLE_SPS_RECORD": "1"}
+    assert parser.parse_args(argv).speculative_dspark_sps_table_path is None
+    capture = next(line for line in out.splitlines() if "capture-http" in line)
+    assert "--base-url http://127.0.0.1:31000" in capture and "--api-key sk-admin" in capture
+    from sglang_dspark.profile.cli import build_parser
+
+    build_parser().parse_args(shlex.split(capture)[3:])  # the printed command is one our CLI accepts
+
+
+def test_scheduled_without_a_profile_is_refused(dirs, capsys):
+    rc = launch.main(["--model", str(dirs / "target"), "--draft", str(dirs / "draft"), "--engine", "sglang",
+                      "--dry-run"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "needs a profile for this deployment" in err and "\n" not in err
+
+
+def test_a_profile_of_another_machine_is_refused_on_sglang(dirs, capsys, tmp_path):
+    foreign = tmp_path / "foreign.yaml"
+    make_profile(engine="sglang").save(foreign)  # hashes and hardware of somewhere else
+    rc = launch.main(["--model", str(dirs / "target"), "--draft", str(dirs / "draft"), "--engine", "sglang",
+                      "--dry-run", "--profile", str(foreign)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "fingerprint does not match" in err and "hardware" in err
+
+
+def test_an_allow_list_keeps_sglangs_own_plugins(dirs, capsys, monkeypatch):
+    monkeypatch.setenv("SGLANG_PLUGINS", "my-plugin")
+    (env, _), = _dry_run(dirs, capsys, "--mode", "full")
+    assert env["SGLANG_PLUGINS"] == "my-plugin,sglang_dspark,smg-servicer,smg-zmq"
+
+
+def test_keys_and_export_dir(dirs, capsys, server_args):
+    parser, _ = server_args
+    (_, argv), = _dry_run(dirs, capsys, "--profile", str(dirs / "profile.yaml"), "--api-key", "sk-user",
+                          "--admin-api-key", "sk-admin", "--export-dir", str(dirs / "exported"))
+    args = parser.parse_args(argv)
+    assert (args.api_key, args.admin_api_key, args.served_model_name) == ("sk-user", "sk-admin", "target")
+    assert args.speculative_dspark_sps_table_path == str(dirs / "exported" / "sps_table.json")
+
+
+def test_multi_node_needs_a_rendezvous(dirs, capsys):
+    rc = launch.main(["--model", str(dirs / "target"), "--draft", str(dirs / "draft"), "--engine", "sglang",
+                      "--dry-run", "--mode", "full", "--nnodes", "2"])
+    assert rc == 2 and "--dist-init-addr" in capsys.readouterr().err

@@ -1,0 +1,97 @@
+"""The speculation policy on simulated steps: the exploration budget, the guard that stops drafting
+where it loses, and the table's source. No model runs; every time is given, so nothing here
+depends on this host's speed."""
+
+from __future__ import annotations
+
+import torch
+
+from sglang_dspark.core.sps import SpsTable
+from sglang_dspark.engine.guard import DraftingGuard, bucket
+from sglang_dspark.engine.policy import SpeculationPolicy
+
+GAMMA = 4
+
+
+def run(policy: SpeculationPolicy, steps: int, *, num: int = 1, accept: float = 0.0, undrafted_s: float = 0.040,
+        drafter_s: float = 0.020, token_s: float = 0.002, t0: float = 0.0) -> tuple[list, float]:
+    """Step the policy `steps` times over `num` requests: drafted steps cost `drafter_s` more and
+    `token_s` per verified draft; each verified draft is accepted with probability `accept` (known
+    conditional confidences). Returns the plans and the clock."""
+    ids = [f"r{i}" for i in range(num)]
+    conf = torch.full((num, GAMMA), accept if accept > 0 else 0.01)
+    plans, now = [], t0
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        plan = policy.plan(ids)
+        lens = policy.allocate(conf, plan) if plan.draft else torch.zeros(num, dtype=torch.int64)
+        if plan.draft:
+            policy.observe(ids, conf)
+        verified = int(lens.sum())
+        seconds = undrafted_s + (drafter_s + token_s * verified if plan.draft else 0.0)
+        accepted = 0
+        for length in lens.tolist():
+            for _ in range(length):
+                if torch.rand((), generator=gen) < accept:
+                    accepted += 1
+                else:
+                    break
+        policy.on_step(plan, num, num + verified, num + accepted, plan.draft, now, now + seconds)
+        now += seconds + 0.001
+        plans.append(plan)
+    return plans, now
+
+
+def test_without_a_profile_it_starts_target_only_and_probes_a_bounded_share():
+    policy = SpeculationPolicy("scheduled", GAMMA, None, learn=True, probe_every=8, probe_max=64)
+    plans, _ = run(policy, 600)  # a drafter whose drafts never survive
+    drafted = [i for i, p in enumerate(plans) if p.draft]
+    assert all(plans[i].probe for i in drafted)  # it never drafts because it pays: it does not
+    assert 0 < len(drafted) <= 600 // 8
+    late = [i for i in drafted if i >= 300]
+    assert len(late) <= 300 // 64 + 1  # once the batch size is explored, one probe in 64 steps
+    budgets = [plans[i].capacity for i in drafted[:3]]
+    assert budgets == [1, 2, 4]  # the smallest budgets not measured yet, in turn
+    assert policy.source == "online" and policy.learner.has_drafted
+
+
+def test_a_good_drafter_on_a_learned_table_drafts_most_steps():
+    policy = SpeculationPolicy("scheduled", GAMMA, None, learn=True, probe_every=8, probe_max=64)
+    plans, _ = run(policy, 400, accept=0.9, drafter_s=0.004, token_s=0.001)
+    late = plans[200:]
+    assert sum(p.draft and not p.probe for p in late) > 0.9 * len(late)
+    assert not policy.guard.blocked_buckets()
+
+
+def test_the_guard_stops_drafting_that_loses_and_retries_after_cooldown():
+    """A table that wrongly says drafting is free, and drafts that never survive: the planner drafts
+    every step until the guard sees fewer tokens per second than undrafted steps deliver."""
+    free = SpsTable.from_points([1, 64], [25.0, 25.0], max_batch_tokens=64)
+    guard = DraftingGuard(min_steps=8, cooldown=100)
+    policy = SpeculationPolicy("scheduled", GAMMA, free, learn=False, guard=guard, probe_every=1000)
+    plans, _ = run(policy, 60)
+    first_block = next(i for i, p in enumerate(plans) if not p.draft)
+    assert 8 <= first_block <= 12  # blocked after min_steps planned drafted steps (the measuring step aside)
+    assert guard.blocks == 1 and guard.blocked_buckets() == [1]
+    assert not any(p.draft for p in plans[first_block:])
+    plans, _ = run(policy, 100)  # the cooldown ends: it tries again, loses again, stops again
+    assert any(p.draft for p in plans) and guard.blocks == 2
+
+
+def test_the_guard_keeps_drafting_that_wins():
+    guard = DraftingGuard(min_steps=4)
+    for _ in range(50):  # 3 tokens in 60 ms against 1 token in 40 ms undrafted
+        guard.observe(2, tokens=6, seconds=0.060, undrafted_seconds=0.040, planned_draft=True)
+    assert guard.allows(2) and guard.realised_gain(2) > 1.9
+    for _ in range(50):  # probes never count
+        guard.observe(2, tokens=2, seconds=0.5, undrafted_seconds=0.040, planned_draft=False)
+    assert guard.allows(2) and bucket(2) == bucket(3) != bucket(4)
+
+
+def test_sources():
+    table = SpsTable.from_points([1, 8], [20.0, 10.0], max_batch_tokens=40)
+    assert SpeculationPolicy("scheduled", GAMMA, table, learn=True).source == "profile+online"
+    assert SpeculationPolicy("scheduled", GAMMA, table, learn=True, seeded=True).source == "seeded+online"
+    assert SpeculationPolicy("scheduled", GAMMA, table).source == "profile"
+    assert SpeculationPolicy("scheduled", GAMMA, None).source == "flat"
+    assert SpeculationPolicy("full", GAMMA, None, learn=True).learner is None  # full mode verifies everything

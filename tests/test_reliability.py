@@ -1,0 +1,143 @@
+"""The reference server under overload and faults: twice its concurrency loses no request, clients
+that hang up free their slots and the gauges say so at once, and SIGTERM drains (every request ends
+with a response)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from drafter_fixtures import write_tiny_model_dirs
+from engine_fixtures import tiny_engine
+from loopback_server import serve_on_loopback
+
+from sglang_dspark.engine.async_engine import AsyncEngine
+from sglang_dspark.server import create_app
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_RUNNING = 4
+
+
+@pytest.fixture(scope="module")
+def server():
+    engine = AsyncEngine(tiny_engine("scheduled", max_running=MAX_RUNNING))
+    engine.start()
+    try:
+        with serve_on_loopback(create_app(engine)) as base:
+            yield engine, base
+    finally:
+        engine.shutdown()
+
+
+def _stream(base: str, max_tokens: int, stop_after: int | None = None) -> dict:
+    """A streaming completion; with `stop_after`, hang up after that many chunks."""
+    body = {"prompt": "w5 w6 w7", "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    chunks, usage, finish = 0, None, None
+    with httpx.Client(timeout=60) as client, client.stream("POST", f"{base}/v1/completions", json=body) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line.removeprefix("data: "))
+            chunks += 1
+            usage = event.get("usage") or usage
+            finish = next((c["finish_reason"] for c in event["choices"] if c.get("finish_reason")), finish)
+            if stop_after is not None and chunks >= stop_after:
+                break
+    return {"chunks": chunks, "usage": usage, "finish_reason": finish}
+
+
+def _gauges(base: str) -> tuple[float, float]:
+    text = httpx.get(f"{base}/metrics").text
+    value = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+             if line.startswith(("sglang_dspark_num_running_reqs ", "sglang_dspark_num_queued_reqs "))}
+    return value["sglang_dspark_num_running_reqs"], value["sglang_dspark_num_queued_reqs"]
+
+
+def _until(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+def test_twice_the_concurrency_loses_no_request_and_no_token(server):
+    engine, base = server
+    seen_queue = []
+    with ThreadPoolExecutor(2 * MAX_RUNNING) as pool:
+        futures = [pool.submit(_stream, base, 40) for _ in range(2 * MAX_RUNNING)]
+        _until(lambda: seen_queue.append(_gauges(base)) or seen_queue[-1][1] > 0, timeout=20)
+        results = [f.result(timeout=120) for f in futures]
+    assert all(r["finish_reason"] == "length" and r["usage"]["completion_tokens"] == 40 for r in results)
+    assert max(q for _, q in seen_queue) > 0  # requests really queued, and the gauge showed it
+    assert max(r for r, _ in seen_queue) <= MAX_RUNNING
+
+
+def test_clients_that_hang_up_free_every_slot_and_the_gauges_say_so(server):
+    engine, base = server
+    with ThreadPoolExecutor(20) as pool:
+        results = list(pool.map(lambda _: _stream(base, 200, stop_after=2), range(20)))
+    assert all(r["chunks"] == 2 and r["finish_reason"] is None for r in results)  # all left mid-stream
+    assert _until(lambda: _gauges(base) == (0.0, 0.0)), _gauges(base)
+    free = engine.call(lambda e: (e.idle, e.scheduler.has_free_slot, len(e.scheduler._free_slots))).result(10)
+    assert free == (True, True, MAX_RUNNING)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_sigterm_drains_every_request_to_a_response(tmp_path):
+    target, draft = write_tiny_model_dirs(tmp_path, max_position_embeddings=8192)
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sglang_dspark.launch", "--model", target, "--draft", draft, "--engine", "reference",
+         "--port", str(port), "--max-running", "4", "--drain-timeout", "2"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    lines = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any("ready on" in line for line in lines):
+            lines.append(proc.stdout.readline())
+        assert any("ready on" in line for line in lines), "".join(lines)
+        base = f"http://127.0.0.1:{port}"
+        results, started = [], threading.Event()
+
+        def client(i: int) -> None:
+            if i == 0:
+                started.set()
+            results.append(_stream(base, 8000 if i % 2 else 60))  # half of them cannot finish in the drain
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        started.wait(10)
+        assert _until(lambda: _gauges(base)[0] >= 4, timeout=30)  # a load run is on
+        proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(timeout=60)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert len(results) == 6  # every client got a complete response
+    assert {r["finish_reason"] for r in results} <= {"length", "abort"}
+    assert sum(r["finish_reason"] == "abort" for r in results) >= 3  # the long ones ended at the drain's end
+    assert all(r["usage"] is not None for r in results)

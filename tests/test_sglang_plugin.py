@@ -1,0 +1,228 @@
+"""The sglang.srt.plugins plugin against the installed sglang==0.5.23, on CPU: discovery and hook
+identity in a fresh interpreter, the planner hook's decisions (original, SLA, through SGLang's own
+caller), metrics through SGLang's own exposition, STS fixes, and a clean refusal when a target is
+missing. These fail loudly when SGLang's internals move."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.sglang
+
+PLANNER = "sglang.srt.speculative.dspark_components.dspark_planner"
+
+
+def _python(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+
+
+def test_load_plugins_discovers_the_entry_point_and_every_target_is_our_hook():
+    out = _python("""
+        import inspect, json, pkgutil
+        from sglang.srt.plugins import load_plugins
+        load_plugins()
+        from sglang_dspark import sglang_plugin
+        result = {}
+        for target, hook, kind in sglang_plugin.hooks():
+            installed = pkgutil.resolve_name(target)
+            if kind == "REPLACE":
+                result[target] = installed is hook
+            else:
+                result[target] = (inspect.getclosurevars(installed).nonlocals.get("hook") is hook
+                                  and installed.__wrapped__ is not installed)
+        print(json.dumps(result))
+    """)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(result) == 6 and all(result.values()), result
+
+
+def test_a_missing_target_registers_nothing_and_leaves_sglang_untouched():
+    out = _python("""
+        import logging
+        logging.basicConfig(level=logging.WARNING)
+        import sglang.srt.speculative.dspark_components.dspark_observability as O
+        import sglang.srt.speculative.dspark_components.dspark_planner as P
+        original = P.compute_verify_token_budget
+        del O.DsparkStepObservers.begin_step  # this SGLang "moved" one hook target
+        from sglang.srt.plugins import load_plugins
+        load_plugins()
+        print("untouched", P.compute_verify_token_budget is original and not hasattr(original, "__wrapped__"))
+    """)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "untouched True" in out.stdout
+    refusal = [line for line in out.stderr.splitlines() if "sglang_dspark plugin not registered" in line]
+    assert len(refusal) == 1 and "DsparkStepObservers.begin_step" in refusal[0]
+
+
+def _tables():
+    from sglang.srt.speculative.dspark_components.dspark_sps import SpsAdditiveCostTable, SpsCostTable
+
+    cost = SpsCostTable(sample_batch_tokens=[1, 3, 8, 16, 40], sample_steps_per_sec=[90.0, 70.0, 55.0, 40.0, 20.0],
+                        max_batch_tokens=64)
+    additive = SpsAdditiveCostTable(bias_seconds=0.004, bs_probes=[1, 4, 16], alpha_seconds=[0.0, 0.003, 0.01],
+                                    m_probes=[1, 4, 8, 32, 64], theta_seconds=[0.0, 0.002, 0.004, 0.012, 0.03])
+    return cost, additive
+
+
+@pytest.fixture
+def plugin_env(monkeypatch):
+    """Set the plugin's environment and forget the cached settings around each test."""
+    from sglang_dspark.sglang_plugin import settings
+
+    def configure(**env):
+        for key in (settings.PROFILE_ENV, settings.TIER_ENV, settings.LEARNING_ENV):
+            monkeypatch.delenv(key, raising=False)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        settings.settings.cache_clear()
+
+    yield configure
+    settings.settings.cache_clear()
+
+
+def test_without_a_profile_the_hook_returns_exactly_the_original_decision(plugin_env):
+    from sglang.srt.speculative.dspark_components import dspark_planner as P
+
+    from sglang_dspark.sglang_plugin.planner import around_budget
+
+    plugin_env()
+    original = getattr(P.compute_verify_token_budget, "__wrapped__", P.compute_verify_token_budget)
+    cfg = P.DSparkScheduleConfig(gamma=7)
+    gen = torch.Generator().manual_seed(0)
+    for i in range(300):
+        bs = int(torch.randint(1, 24, (1,), generator=gen))
+        survival = torch.cumprod(torch.rand(bs, 7, generator=gen), dim=1)
+        for table in _tables():
+            want = original(history_survival_probs=survival, sps_table=table, cfg=cfg)
+            got = around_budget(original, history_survival_probs=survival, sps_table=table, cfg=cfg)
+            assert (got.budget, got.predicted_step_seconds, got.predicted_theta) == \
+                (want.budget, want.predicted_step_seconds, want.predicted_theta), i
+
+
+def _profile_with_tier(tmp_path, engine="sglang"):
+    from test_profiles import make_profile
+
+    profile = make_profile(engine=engine, additive=True, gamma=7)
+    path = tmp_path / "sla.yaml"
+    profile.save(path)
+    return profile, path
+
+
+def test_with_a_tier_the_hook_returns_the_bundles_sla_decision_through_sglangs_caller(plugin_env, tmp_path,
+                                                                                   monkeypatch):
+    from sglang.srt.plugins.hook_registry import HookType, _wrap_fn
+    from sglang.srt.speculative.dspark_components import dspark_planner as P
+
+    from sglang_dspark.core.schedule import decide_budget_sla
+    from sglang_dspark.core.sps import SpsTable
+    from sglang_dspark.sglang_plugin.planner import around_budget
+
+    profile, path = _profile_with_tier(tmp_path)
+    plugin_env(SGLANG_DSPARK_PROFILE=str(path), SGLANG_DSPARK_SLA_TIER="interactive")
+    original = getattr(P.compute_verify_token_budget, "__wrapped__", P.compute_verify_token_budget)
+    monkeypatch.setattr(P, "compute_verify_token_budget", _wrap_fn(original, around_budget, HookType.AROUND))
+    cfg = P.DSparkScheduleConfig(gamma=7)
+    caller = P.HostConfidenceBudgetPlanner(sps_table=_tables()[1], cfg=cfg, model_runner=None, relay_lag_steps=2)
+    ours = SpsTable(profile.sps.additive)
+    gen = torch.Generator().manual_seed(1)
+    differs = 0
+    for _ in range(200):
+        bs = int(torch.randint(1, 16, (1,), generator=gen))
+        conf = torch.rand(bs, 7, generator=gen)
+        ones = torch.ones(bs, dtype=torch.int64)
+        budget = caller.compute_budget(confidence=conf, generation=ones, current_generation=ones,
+                                       req_pool_indices_cpu=torch.arange(bs))
+        survival = torch.cumprod(conf, dim=1)
+        want = decide_budget_sla(survival, ours, 20.0)
+        assert budget == want.budget and caller.last_decision.predicted_theta == pytest.approx(want.predicted_theta)
+        differs += budget != original(history_survival_probs=survival, sps_table=_tables()[1], cfg=cfg).budget
+    assert differs > 0  # the SLA decision is really a different decision
+
+
+def test_a_tier_without_a_profile_is_refused(plugin_env):
+    from sglang_dspark.profile.schema import ProfileError
+    from sglang_dspark.sglang_plugin.settings import settings
+
+    plugin_env(SGLANG_DSPARK_SLA_TIER="interactive")
+    with pytest.raises(ProfileError, match="needs SGLANG_DSPARK_PROFILE"):
+        settings()
+
+
+def _observe_kwargs(bs: int, gamma: int) -> dict:
+    """Every keyword SGLang's worker passes to observe_verify_step, with CPU tensors."""
+    commit = torch.tensor([3, 1, 5][:bs])
+    layout = SimpleNamespace(verify_lens=torch.tensor([4, 2, 7][:bs]), graph_num_tokens=16)
+    return dict(forward_ct=1, reqs=[SimpleNamespace(rid=f"r{i}") for i in range(bs)], bs=bs, proposal_folded=False,
+                verify_ids_2d=torch.zeros(bs, gamma + 1, dtype=torch.int64), target_logits=None, layout=layout,
+                confidence=None, confidence_raw=None, prefix_lens=torch.zeros(bs), draft_tokens=torch.zeros(bs, gamma),
+                draft_block=None, sampling_info=None, correct_len=commit - 1, cap_trim_lens=torch.zeros(bs),
+                bonus=torch.zeros(bs), commit_lens=commit, verify_token_budget=9,
+                req_pool_indices=torch.arange(bs), verify_tier_num_tokens=16, dp_tier_num_tokens=None)
+
+
+def test_our_synthetic_call_uses_sglangs_exact_keywords():
+    from sglang.srt.speculative.dspark_components.dspark_observability import DsparkStepObservers
+
+    method = getattr(DsparkStepObservers.observe_verify_step, "__wrapped__", DsparkStepObservers.observe_verify_step)
+    params = inspect.signature(method).parameters
+    keyword_only = {n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert keyword_only == set(_observe_kwargs(3, 7))
+
+
+def test_observer_metrics_appear_on_sglangs_own_metrics_endpoint(tmp_path):
+    out = _python("""
+        import json, sys, time
+        sys.path.insert(0, "tests")
+        from types import SimpleNamespace
+        import sglang.srt.runtime_context as rc
+        rc.get_parallel = lambda: SimpleNamespace(attn_tp_rank=0, attn_tp_size=1, tp_rank=0, dp_rank=0)
+        from test_sglang_plugin import _observe_kwargs
+        from sglang_dspark.sglang_plugin import observer
+        fake = SimpleNamespace(_planner=SimpleNamespace(_budget_planner=SimpleNamespace(
+            last_decision=SimpleNamespace(predicted_step_seconds=0.02))))
+        for step in range(3):  # numbers are one step late: three steps export two
+            observer.after_begin_step(None, fake)
+            time.sleep(0.01)
+            observer.around_observe_step(lambda obs, **kw: None, fake, **_observe_kwargs(3, 7))
+        from fastapi import FastAPI
+        from fastapi.testclient import TestClient
+        from sglang.srt.utils.common import add_prometheus_middleware
+        app = FastAPI()
+        add_prometheus_middleware(app)
+        print(json.dumps(TestClient(app).get("/metrics").text))
+    """, env={"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    text = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "sglang_dspark_verify_steps_total 2.0" in text
+    assert 'sglang_dspark_accept_length_bucket{le="3.0"} 4.0' in text  # commit lens 3, 1 twice each
+    assert 'sglang_dspark_position_accepted_total{position="1"} 4.0' in text  # drafts 2 of r0 and r2, twice
+    assert "sglang_dspark_step_seconds_count 2.0" in text and "sglang_dspark_verify_budget_count 2.0" in text
+
+
+def test_sts_recorders_write_per_rank_and_flush_their_last_shard(tmp_path, monkeypatch):
+    import sglang.srt.runtime_context as rc
+    from sglang.srt.speculative.dspark_components.dspark_sts import StsDataRecorder
+
+    from sglang_dspark.sglang_plugin import sts
+
+    monkeypatch.setattr(rc, "get_parallel", lambda: SimpleNamespace(tp_rank=1, dp_rank=0))
+    recorder = sts.per_rank_recorder(getattr(StsDataRecorder, "__wrapped__", StsDataRecorder))(
+        path_stem=str(tmp_path / "sts"), gamma=4, flush_every=256)
+    recorder.record(confidence_raw=torch.zeros(2, 4), num_correct_drafts=torch.tensor([1, 3]))
+    sts.flush_all()  # what the shutdown hook does: the partial shard is written
+    assert [p.name for p in tmp_path.iterdir()] == ["sts.dp0.tp1.0.pt"]
+    compact = SimpleNamespace(_sts_collect_path="x", _planner=SimpleNamespace(is_compact_mode=True))
+    with pytest.raises(ValueError, match="compact verify mode"):
+        sts.refuse_compact_collection(None, compact)
+    sts.refuse_compact_collection(None, SimpleNamespace(_sts_collect_path="", _planner=compact._planner))

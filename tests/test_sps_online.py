@@ -1,0 +1,129 @@
+"""The online SPS estimator on simulated steps with a known cost: it learns the table, follows a host
+that slows down, ignores stalls, starts target-only, and scales a profile from other hardware."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from sglang_dspark.core.schedule import decide_budget
+from sglang_dspark.core.sps import SpsAdditiveCostTable, SpsTable
+from sglang_dspark.core.sps_online import PROHIBITIVE_SECONDS, OnlineSpsEstimator, untested_table
+
+
+def true_seconds(r: int, b: int, drafted: bool, scale: float = 1.0) -> float:
+    """A step: 20 ms + 2 ms per request, a drafter of 6 ms + 1 ms per request, verify tokens
+    at 0.5 ms each with a 4 ms jump every 8 tokens."""
+    return scale * (0.020 + 0.002 * r + (0.006 + 0.001 * r if drafted else 0.0) + 0.0005 * b + 0.004 * ((b - 1) // 8))
+
+
+def feed(est: OnlineSpsEstimator, steps: int, rng: random.Random, scale: float = 1.0, noise: float = 0.05,
+         drafted_share: float = 0.25, stall_every: int = 0) -> None:
+    for i in range(steps):
+        r = rng.choice([1, 2, 4, 8])
+        drafted = rng.random() < drafted_share
+        b = r + (rng.randint(1, r * 7) if drafted else 0)
+        seconds = true_seconds(r, b, drafted, scale) * (1 + rng.uniform(-noise, noise))
+        if stall_every and i % stall_every == stall_every - 1:
+            seconds *= 10  # a GC pause or a neighbour's burst
+        est.observe(r, b, drafted, seconds)
+
+
+def median_error(table: SpsTable, scale: float = 1.0) -> float:
+    errors = []
+    for r in (1, 2, 4, 8):
+        for b in range(r, r * 8 + 1):
+            drafted = b > r
+            predicted = 1.0 / table(b, num_requests=r, drafted=drafted)
+            errors.append(abs(predicted - true_seconds(r, b, drafted, scale)) / true_seconds(r, b, drafted, scale))
+    return sorted(errors)[len(errors) // 2]
+
+
+def test_learns_a_known_cost_model_from_steps():
+    est = OnlineSpsEstimator()
+    feed(est, 400, random.Random(0))
+    table = est.table()
+    assert median_error(table) < 0.05
+    undrafted = [1.0 / table(r, num_requests=r, drafted=False) for r in (1, 2, 4, 8)]
+    assert undrafted == pytest.approx([true_seconds(r, r, False) for r in (1, 2, 4, 8)], rel=0.05)
+
+
+def test_follows_a_host_that_slows_down_within_two_half_lives():
+    est = OnlineSpsEstimator(half_life=64)
+    rng = random.Random(1)
+    feed(est, 400, rng)
+    feed(est, 2 * 64, rng, scale=2.0)  # twice as slow from now on
+    assert median_error(est.table(), scale=2.0) < 0.15
+
+
+def test_drafted_prices_follow_the_undrafted_steps_after_a_slowdown():
+    """Drafted steps are rare (probes); after the host slows down the undrafted ones, fitted with
+    them, carry the shared terms: drafted prices rise before many drafted steps were seen again."""
+    est = OnlineSpsEstimator(half_life=64)
+    rng = random.Random(6)
+    feed(est, 400, rng, drafted_share=0.05)
+    feed(est, 150, rng, scale=1.6, drafted_share=0.02)
+    table = est.table()
+    for r in (1, 4, 8):
+        assert 1.0 / table(r, num_requests=r, drafted=False) == pytest.approx(true_seconds(r, r, False, 1.6), rel=0.1)
+        assert 1.0 / table(r + 2, num_requests=r) > 1.3 * true_seconds(r, r + 2, True)  # no longer the old price
+
+
+def test_stalls_do_not_move_the_table():
+    clean, stalled = OnlineSpsEstimator(), OnlineSpsEstimator()
+    feed(clean, 400, random.Random(2))
+    feed(stalled, 400, random.Random(2), stall_every=25)  # 4 % of steps take 10x longer
+    assert median_error(stalled.table()) < 0.08
+    assert median_error(stalled.table()) < 2 * median_error(clean.table()) + 0.02
+
+
+def test_memory_is_bounded():
+    est = OnlineSpsEstimator(capacity=100)
+    feed(est, 1000, random.Random(3))
+    assert len(est.samples) == 100 and est.steps == 1000
+
+
+def test_before_any_drafted_step_drafting_is_prohibitive():
+    est = OnlineSpsEstimator()
+    feed(est, 50, random.Random(4), drafted_share=0.0)
+    table = est.table()
+    survival = torch.ones(4, 7)  # even a perfect drafter
+    assert decide_budget(survival, table).budget == 0
+    assert 1.0 / table(4, num_requests=4, drafted=False) == pytest.approx(true_seconds(4, 4, False), rel=0.05)
+    assert 1.0 / table(5, num_requests=4) > PROHIBITIVE_SECONDS
+    assert decide_budget(survival, untested_table()).budget == 0
+
+
+def test_a_profile_from_other_hardware_is_scaled_to_the_measured_steps():
+    """The prior says every step costs half of what this host measures; after undrafted steps only,
+    drafted steps are predicted at the prior's shape times the measured ratio."""
+    from sglang_dspark.core.sps_fit import fit_step_table
+
+    truth = []
+    for r in (1, 2, 4, 8):
+        for b in range(r, 8 * r + 1, max(1, r)):
+            truth.append((r, b, b > r, true_seconds(r, b, b > r, 0.5)))
+    r, b, d, s = zip(*truth)
+    prior = SpsTable(*fit_step_table(r, b, s, d))
+    est = OnlineSpsEstimator(prior=prior)
+    feed(est, 200, random.Random(5), drafted_share=0.0)  # this host: full scale, never drafted yet
+    table = est.table()
+    assert est.prior_scale == pytest.approx(2.0, rel=0.05)
+    drafted = [(1.0 / table(b, num_requests=r), true_seconds(r, b, True)) for r, b in ((1, 4), (4, 12), (8, 40))]
+    for predicted, actual in drafted:
+        assert predicted == pytest.approx(actual, rel=0.10)
+
+
+def test_snapshot_shape_keeps_consistent_steps_only():
+    est = OnlineSpsEstimator()
+    est.observe(2, 2, False, 0.02)
+    est.observe(2, 6, True, 0.03)
+    est.observe(2, 2, True, 0.025)  # a measuring probe: drafted, nothing verified
+    assert est.step_times() == {(2, 2): [20.0], (2, 6): [30.0]}
+
+
+def test_additive_table_validation_still_applies():
+    with pytest.raises(ValueError, match="bias_seconds"):
+        SpsAdditiveCostTable(bias_seconds=0.0, bs_probes=[1], alpha_seconds=[0.0], m_probes=[1], theta_seconds=[0.0])

@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_dspark.loadtest.help_format import DefaultsHelpFormatter
+from sglang_dspark.help_format import DefaultsHelpFormatter
 
 MODES = ("scheduled", "full", "target")
 

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import httpx
 
+from sglang_dspark.help_format import DefaultsHelpFormatter
+
 logger = logging.getLogger("sglang_dspark.canary_probe")
 
 
@@ -59,7 +61,7 @@ def probe(dspark_url: str, reference_url: str, prompts: list[str], *, max_tokens
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sglang_dspark.canary_probe", description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=DefaultsHelpFormatter)
     p.add_argument("--dspark-url", required=True, help="the DSpark deployment (the router), e.g. http://127.0.0.1:30000")
     p.add_argument("--reference-url", required=True, help="a target-only replica of the same model (launch --mode target)")
     p.add_argument("--prompts", default="builtin:heldout", help="prompt source (sglang_dspark.prompts.load_prompts spec)")

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from sglang_dspark import zoo
+from sglang_dspark.help_format import DefaultsHelpFormatter
 
 logger = logging.getLogger("sglang_dspark.launch")
 
@@ -28,7 +29,7 @@ class LaunchError(Exception):
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sglang_dspark.launch", description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=DefaultsHelpFormatter)
     p.add_argument("--model", required=True, metavar="DIR_OR_NAME",
                    help="target model: a local HF model directory, or a zoo name (e.g. smollm2-135m-instruct), "
                         "converted into --cache-dir on first use; with --engine sglang also a hub id ORG/NAME")
@@ -172,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         model, zoo_name = resolve_model(args.model, engine, args.cache_dir, materialise=not args.dry_run)
         draft = resolve_draft(args.draft, model, args.mode, engine)
         profile = _load_profile(args, engine, model, draft) or _shipped_profile(args, engine, model, draft, zoo_name)
+        if args.sla_tier is not None and profile is None:
+            raise LaunchError("--sla-tier needs --profile (the tiers live in the profile, and none ships for "
+                              "this model and host)")
         name = args.served_model_name or zoo_name or os.path.basename(os.path.normpath(model))
         if engine == "reference" and args.mode == "scheduled":
             logger.info("SPS table: %s", _table_plan(args, profile, model, zoo_name))
@@ -186,8 +190,6 @@ def main(argv: list[str] | None = None) -> int:
 def _load_profile(args, engine: str, model: str, draft: str | None):
     """The checked SLA profile (profile/resolve.py LaunchProfile), or None without --profile."""
     if args.profile is None:
-        if args.sla_tier is not None:
-            raise LaunchError("--sla-tier needs --profile (the tiers live in the profile)")
         if args.force_profile:
             raise LaunchError("--force-profile needs --profile FILE")
         return None
@@ -220,8 +222,11 @@ def _table_plan(args, profile, model: str, zoo_name: str | None) -> str:
             return f"flat (verify every draft, --sps-learning off); to schedule, capture a profile: {capture}"
         return f"{profile.path} as measured (--sps-learning off)"
     if profile is None:
+        from sglang_dspark.engine.engine import EngineConfig  # torch: only once an engine is being built
+
         return ("learned online from this engine's own steps (no profile for this deployment): it starts "
-                "target-only and drafts 1 step in 16 to 128 to measure, until drafting measurably pays. "
+                f"target-only and drafts 1 step in {EngineConfig.probe_every} to {EngineConfig.probe_max} to measure, "
+                "until drafting measurably pays. "
                 f"After some load, keep what it learned: {snapshot}")
     if profile.seed_only:
         return (f"seeded from {profile.path} (measured elsewhere: {'; '.join(profile.mismatches)}), scaled to this "
@@ -232,7 +237,7 @@ def _table_plan(args, profile, model: str, zoo_name: str | None) -> str:
 
 def _shipped_profile(args, engine: str, model: str, draft: str | None, zoo_name: str | None):
     """The profile shipped for a zoo model whose fingerprint matches this host; else (learning on)
-    one measured on other hardware, as a seed; else None."""
+    one measured on other hardware, as a seed; else None. Its tiers serve --sla-tier."""
     if zoo_name is None or args.mode != "scheduled" or args.profile is not None:
         return None
     from sglang_dspark.profile.resolve import resolve_profile
@@ -242,7 +247,7 @@ def _shipped_profile(args, engine: str, model: str, draft: str | None, zoo_name:
     for path in zoo.shipped_profiles(zoo_name, engine):
         try:
             candidates.append(resolve_profile(str(path), engine=engine, model=model, draft=draft,
-                                              seed_ok=_learning(args, engine)))
+                                              tier=args.sla_tier, seed_ok=_learning(args, engine)))
         except ProfileError as exc:
             refused.append(" ".join(str(exc).split()))
     chosen = next((c for c in candidates if not c.seed_only), None) or next(iter(candidates), None)

@@ -32,7 +32,8 @@ def start_reference_server(*launch_args: str, port: int, timeout_s: float = 180.
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
-        if not line and proc.poll() is not None:
+        if not line:  # end of output: the process is exiting
+            proc.wait(timeout=30)
             break
         lines.append(line)
         if READY_LINE in line:

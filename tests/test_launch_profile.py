@@ -113,3 +113,23 @@ def test_launch_hands_the_profile_tables_and_tier_to_the_engine(monkeypatch, set
     assert captured["config"].sla_tok_s_per_user == 20.0 and captured["config"].max_running == 4
     assert captured["name"] == "target"  # the directory's base name
     assert captured["app"] == {"served_model_name": "target", "api_key": "k", "admin_api_key": "a"}
+
+
+def test_a_zoo_models_shipped_profile_serves_sla_tier_even_as_a_seed(setup, tmp_path, monkeypatch, capsys):
+    """A zoo model out of the box: the shipped profile, measured on other hardware, seeds the
+    learned table, and its tiers are what --sla-tier names."""
+    target, draft, _ = setup
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    foreign = make_profile(engine="reference", target_dir=target, draft_dir=draft)
+    foreign.replaced(fingerprint=foreign.fingerprint.model_copy(update={"hardware": "cpu: Elsewhere x64"})).save(
+        shipped / "tiny-cpu.yaml")
+    monkeypatch.setattr(launch, "resolve_model", lambda model, engine, cache_dir, materialise: (str(target), "tiny"))
+    monkeypatch.setattr(launch.zoo, "SHIPPED_PROFILES", shipped)
+    assert launch.main(["--model", "tiny", "--draft", str(draft), "--engine", "reference", "--dry-run",
+                        "--sla-tier", "interactive"]) == 0
+    out = capsys.readouterr().out
+    assert "tier=interactive (20.0 tok/s/user)" in out and "max_running=4 " in out
+    assert launch.main(["--model", "tiny", "--draft", str(draft), "--engine", "reference", "--dry-run",
+                        "--sla-tier", "interactive", "--sps-learning", "off"]) == 2  # a seed is not a table
+    assert "--sla-tier needs --profile" in _one_line_error(capsys)

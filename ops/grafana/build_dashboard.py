@@ -28,7 +28,7 @@ from grafana_foundation_sdk.models.dashboard import (
     VariableRefresh,
 )
 
-from sglang_dspark.loadtest.help_format import DefaultsHelpFormatter
+from sglang_dspark.help_format import DefaultsHelpFormatter
 
 OUT = Path(__file__).resolve().parent / "dspark.json"
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")

@@ -26,7 +26,7 @@ if __package__ in (None, ""):  # run as a file: make the repository's `ops` pack
 
 from ops.known_metrics import known_names  # noqa: E402
 from ops.promql import metric_names, parse_errors  # noqa: E402
-from sglang_dspark.loadtest.help_format import DefaultsHelpFormatter  # noqa: E402
+from sglang_dspark.help_format import DefaultsHelpFormatter  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SCHEMA = HERE / "dashboard.schema.json"

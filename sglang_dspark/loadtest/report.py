@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from sglang_dspark.loadtest.frontier import plot_frontier
-from sglang_dspark.loadtest.help_format import DefaultsHelpFormatter
+from sglang_dspark.help_format import DefaultsHelpFormatter
 from sglang_dspark.loadtest.run import REPORT_NAME
 from sglang_dspark.loadtest.summary import DEFINITIONS
 

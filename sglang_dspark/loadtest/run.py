@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from sglang_dspark.loadtest.help_format import DefaultsHelpFormatter
+from sglang_dspark.help_format import DefaultsHelpFormatter
 from sglang_dspark.loadtest.locust_process import run_locust
 from sglang_dspark.loadtest.steps import parse_duration, parse_users
 from sglang_dspark.loadtest.summary import DEFINITIONS, summarize_step

@@ -20,10 +20,11 @@ import socket
 import sys
 from pathlib import Path
 
+from sglang_dspark.help_format import DefaultsHelpFormatter
 from sglang_dspark.profile.schema import ProfileError, SlaProfile, SlaTier
 
 EXIT_ERROR = 2
-HELP = argparse.ArgumentDefaultsHelpFormatter
+HELP = DefaultsHelpFormatter
 
 
 def _command_line() -> str:

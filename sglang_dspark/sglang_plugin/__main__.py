@@ -1,0 +1,45 @@
+"""`python -m sglang_dspark.sglang_plugin`: will SGLang load the plugin here? Checks the installed
+SGLang version, every hook target, the entry point, and `SGLANG_PLUGINS` when it is set; prints one
+line per check and exits 1 when the plugin would not register (SGLang then runs without it)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import warnings
+from importlib import metadata
+
+from sglang_dspark.help_format import DefaultsHelpFormatter
+from sglang_dspark.sglang_plugin import check, targets
+
+ENTRY_POINT_GROUP = "sglang.srt.plugins"
+NAME = "sglang_dspark"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(prog="python -m sglang_dspark.sglang_plugin", description=__doc__.split("\n\n")[0],
+                            formatter_class=DefaultsHelpFormatter).parse_args(argv)
+    problems = []
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"sglang\.")  # "no CUDA here" notes on import
+    reason = check()
+    if reason is None:
+        print(f"sglang {targets.SGLANG_VERSION}: all {len(targets.HOOKED) + len(targets.READ)} hook targets found")
+    else:
+        problems.append(reason)
+    if not any(ep.name == NAME for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)):
+        problems.append(f"entry point {ENTRY_POINT_GROUP}:{NAME} is not installed (pip install the bundle)")
+    else:
+        print(f"entry point {ENTRY_POINT_GROUP}:{NAME} installed")
+    allow = os.environ.get("SGLANG_PLUGINS")
+    if allow is not None and NAME not in [p.strip() for p in allow.split(",")]:
+        problems.append(f"SGLANG_PLUGINS={allow!r} does not list {NAME}, so SGLang skips it")
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    if not problems:
+        print("the plugin registers its hooks in every SGLang process")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

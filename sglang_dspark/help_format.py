@@ -1,4 +1,5 @@
-"""`--help` that shows each flag's default, except where there is none to show (required flags, None, [])."""
+"""`--help` that shows each flag's default, except where there is none to show (required flags, None,
+[], and an off switch)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import argparse
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
-        if action.required or action.default in (None, [], argparse.SUPPRESS):
+        off_switch = action.nargs == 0 and action.default is False
+        if action.required or off_switch or action.default in (None, [], argparse.SUPPRESS):
             return action.help or ""
         return super()._get_help_string(action)

@@ -50,8 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "profile when there is one (on), or use the profile's table as it is, and verify every "
                         "draft without one (off, SGLang's behaviour)")
     p.add_argument("--sla-tier", metavar="NAME",
-                   help="SLA tier of --profile to serve: its per-user tok/s target drives the engine's SLA mode "
-                        "(step budgets and admission) and its concurrency limit caps --max-running")
+                   help="SLA tier of the profile (--profile, or the one shipped for a zoo model) to serve: its "
+                        "per-user tok/s target drives the SLA mode (step budgets and admission) and its "
+                        "concurrency limit caps --max-running")
     p.add_argument("--engine", choices=("auto", "reference", "sglang"), default="auto",
                    help="auto: SGLang when a CUDA device and sglang are available, else the CPU reference engine")
     p.add_argument("--mode", choices=MODES, default="scheduled",

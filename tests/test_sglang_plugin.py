@@ -226,3 +226,70 @@ def test_sts_recorders_write_per_rank_and_flush_their_last_shard(tmp_path, monke
     with pytest.raises(ValueError, match="compact verify mode"):
         sts.refuse_compact_collection(None, compact)
     sts.refuse_compact_collection(None, SimpleNamespace(_sts_collect_path="", _planner=compact._planner))
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _learning_run(monkeypatch, attn_tp_size: int, steps: int = 64) -> dict:
+    """Drive the observer hooks through `steps` synthetic steps whose time is a known function of
+    (requests, tokens) on an injected clock; returns what the planner hook then hands the original."""
+    import sglang.srt.runtime_context as rc
+
+    from sglang_dspark.sglang_plugin import observer
+    from sglang_dspark.sglang_plugin.planner import around_budget
+
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    monkeypatch.setattr(rc, "get_parallel", lambda: SimpleNamespace(attn_tp_rank=0, attn_tp_size=attn_tp_size))
+    monkeypatch.setattr(observer, "_OBSERVER", None)
+    clock = _Clock()
+    monkeypatch.setattr(observer.time, "perf_counter", clock)
+    fake = SimpleNamespace(_planner=SimpleNamespace(_budget_planner=SimpleNamespace(last_decision=None)))
+    for step in range(steps):
+        bs, tokens = 1 + step % 3, (4, 8, 16, 24)[step % 4]
+        kw = _observe_kwargs(bs, 7)
+        kw["layout"].graph_num_tokens = tokens
+        observer.after_begin_step(None, fake)
+        clock.now += 0.010 + 0.002 * bs + 0.0005 * tokens  # this host's step time
+        observer.around_observe_step(lambda obs, **k: None, fake, **kw)
+        clock.now += 0.001
+    seen = {}
+
+    def original(*, history_survival_probs, sps_table, cfg):
+        seen["table"] = sps_table
+        return "decision"
+
+    from sglang.srt.speculative.dspark_components import dspark_planner as P
+
+    given = _tables()[1]
+    seen["result"] = around_budget(original, history_survival_probs=torch.rand(2, 7), sps_table=given,
+                                   cfg=P.DSparkScheduleConfig(gamma=7))
+    seen["given"], seen["learned"] = given, observer.learned_table()
+    return seen
+
+
+def test_with_learning_the_original_planner_runs_on_the_table_learned_from_this_workers_steps(plugin_env, tmp_path,
+                                                                                            monkeypatch):
+    from sglang.srt.speculative.dspark_components.dspark_sps import SpsAdditiveCostTable
+
+    _, path = _profile_with_tier(tmp_path)
+    plugin_env(SGLANG_DSPARK_PROFILE=str(path), SGLANG_DSPARK_SPS_LEARNING="1")
+    seen = _learning_run(monkeypatch, attn_tp_size=1)
+    assert seen["result"] == "decision" and seen["learned"] is not None
+    assert isinstance(seen["table"], SpsAdditiveCostTable) and seen["table"] is seen["learned"].table
+    for bs, tokens in ((1, 4), (2, 16), (3, 24)):
+        true = 0.010 + 0.002 * bs + 0.0005 * tokens
+        predicted = 1.0 / seen["learned"].ours(tokens, num_requests=bs)
+        assert abs(predicted - true) / true < 0.15, (bs, tokens, predicted, true)
+
+
+def test_with_attention_tp_the_learner_stays_off_and_every_rank_uses_the_profile(plugin_env, tmp_path, monkeypatch):
+    _, path = _profile_with_tier(tmp_path)
+    plugin_env(SGLANG_DSPARK_PROFILE=str(path), SGLANG_DSPARK_SPS_LEARNING="1")
+    seen = _learning_run(monkeypatch, attn_tp_size=2)
+    assert seen["learned"] is None and seen["table"] is seen["given"]

@@ -73,6 +73,9 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs of every arm; the median is reported")
     parser.add_argument("--arms", default="target,full,default,online", help=f"comma-separated, of {', '.join(ARMS)}")
+    parser.add_argument("--force-mismatch", action="store_true",
+                        help="treat --profile as measured on other hardware (its hardware field replaced), so "
+                             "`default` runs the seeded path even on the host that captured it")
     parser.add_argument("--persistent", action="store_true",
                         help="one engine per arm and concurrency for every repeat (a server that keeps learning)")
     args = parser.parse_args()
@@ -89,6 +92,8 @@ def main() -> None:
 
     pair = load_pair(args.model, args.draft)
     tokenizer = pair[1]
+    if args.force_mismatch:
+        args.profile = str(other_hardware_copy(Path(args.profile)))
     launch_profile = resolve_profile(args.profile, engine="reference", model=zoo.resolve_model(args.model),
                                      draft=args.draft, seed_ok=True)  # what launch does on this host
     profile = launch_profile.profile
@@ -137,6 +142,7 @@ def main() -> None:
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "torch_threads": args.threads,
                     "hardware": profile_hardware()},
         "model": args.model, "draft": args.draft, "profile": args.profile, "default_source": source,
+        "forced_mismatch": args.force_mismatch,
         "persistent_engines": args.persistent,
         "profile_mismatches": launch_profile.mismatches, "arms": list(arms),
         "max_tokens": args.max_tokens, "temperature": args.temperature, "repeats": args.repeats,
@@ -144,6 +150,18 @@ def main() -> None:
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+def other_hardware_copy(path: Path) -> Path:
+    """A copy of the profile whose fingerprint names another CPU (written under runs/)."""
+    from sglang_dspark.profile.schema import SlaProfile
+
+    profile = SlaProfile.load(path)
+    fp = profile.fingerprint.model_copy(update={"hardware": "cpu: another CPU model (forced mismatch)"})
+    out = Path(__file__).resolve().parents[1] / "runs" / f"{path.stem}.other-hardware.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    profile.replaced(fingerprint=fp).save(out)
+    return out
 
 
 def profile_hardware() -> str:

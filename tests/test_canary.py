@@ -96,6 +96,10 @@ def test_replays_wait_for_spare_capacity():
     assert sorted(r.id for r in engine.scheduler.running) == ["b", "c"]
     _drain(engine)
     assert engine.canary.replays == 3 and engine.canary.mismatches == 0
+    # the users' metrics count the users' 2 + 11 + 11 decode steps, not the replays' 24 more
+    text = engine.metrics.render().decode()
+    assert "sglang_dspark_accept_length_count 24.0" in text
+    assert "sglang_dspark_inter_token_latency_seconds_count 24.0" in text
 
 
 def test_the_prober_compares_a_dspark_server_with_a_target_only_one(tmp_path, monkeypatch):

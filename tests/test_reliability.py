@@ -141,3 +141,36 @@ def test_sigterm_drains_every_request_to_a_response(tmp_path):
     assert {r["finish_reason"] for r in results} <= {"length", "abort"}
     assert sum(r["finish_reason"] == "abort" for r in results) >= 3  # the long ones ended at the drain's end
     assert all(r["usage"] is not None for r in results)
+
+
+def test_a_request_the_engine_thread_fails_to_take_still_gets_its_final_output(monkeypatch):
+    from sglang_dspark.engine.sampling import SamplingParams
+
+    engine = AsyncEngine(tiny_engine("scheduled", max_running=2))
+    monkeypatch.setattr(engine.engine, "submit", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("a bug")))
+    outputs, finished = [], threading.Event()
+    engine.start()
+    try:
+        engine.submit([5, 6], SamplingParams(max_tokens=4), lambda out: (outputs.append(out), finished.set()))
+        assert finished.wait(20)
+    finally:
+        engine.shutdown()
+    assert [(o.finished, o.finish_reason) for o in outputs] == [(True, "abort")]
+
+
+def test_a_request_id_in_flight_cannot_be_reused_until_it_finished():
+    from sglang_dspark.engine.sampling import SamplingParams
+
+    engine = AsyncEngine(tiny_engine("scheduled", max_running=2))
+    finished = threading.Event()
+    engine.submit([5, 6], SamplingParams(max_tokens=4), lambda out: out.finished and finished.set(), "x")
+    with pytest.raises(ValueError, match="rid: a request with id 'x' is already in flight"):
+        engine.submit([7, 8], SamplingParams(max_tokens=4), lambda out: None, "x")
+    engine.start()
+    try:
+        assert finished.wait(20)
+        again = threading.Event()
+        engine.submit([7, 8], SamplingParams(max_tokens=4), lambda out: out.finished and again.set(), "x")
+        assert again.wait(20)
+    finally:
+        engine.shutdown()

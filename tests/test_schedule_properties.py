@@ -1,6 +1,7 @@
 """Property tests of the planners (hypothesis): lengths in range, prefix order, capacity bound,
 determinism, and the agreement of the planner entry points with each other."""
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -143,3 +144,21 @@ def test_observed_prior_prices_new_requests_like_the_ones_seen():
     assert AsyncPlanner(table, gamma=7).capacity(["new"]) == 7  # the default prior stays SGLang's
     with pytest.raises(ValueError, match="prior"):
         AsyncPlanner(table, gamma=7, prior="mean")
+
+
+@pytest.mark.parametrize("num_requests,gamma", [(1, 7), (5, 3), (40, 7), (300, 7)])
+def test_the_slowest_request_walk_equals_the_dense_sums(num_requests, gamma):
+    """Large batches take the heap walk in _slowest_tokens; it must give exactly the dense answer."""
+    from sglang_dspark.core import schedule
+
+    survival = torch.cumprod(torch.rand(num_requests, gamma, generator=torch.Generator().manual_seed(num_requests)), 1)
+    values, order = schedule._ranked_candidates(survival.numpy())
+    k_max = values.size
+    dense = schedule._slowest_tokens(values, order % num_requests, num_requests, k_max)
+    saved = schedule.DENSE_SLOWEST_MAX
+    try:
+        schedule.DENSE_SLOWEST_MAX = 0
+        walked = schedule._slowest_tokens(values, order % num_requests, num_requests, k_max)
+    finally:
+        schedule.DENSE_SLOWEST_MAX = saved
+    assert np.array_equal(dense, walked)

@@ -291,6 +291,8 @@ BAD_REQUESTS = [
     ("/generate", {"text": "a", "sampling_params": {"max_new_tokens": 0}}, 400, "max_new_tokens"),
     ("/generate", {"text": "a", "sampling_params": {"top_k": 1.5}}, 400, "sampling_params.top_k"),
     ("/generate", {"input_ids": [-1]}, 400, "input_ids"),
+    ("/v1/completions", {"prompt": "a", "seed": 2**64}, 400, "seed"),  # beyond what a torch generator takes
+    ("/generate", {"text": "a", "sampling_params": {"seed": -1}}, 400, "seed"),
 ]
 
 

@@ -54,7 +54,7 @@ def test_a_missing_target_registers_nothing_and_leaves_sglang_untouched():
         import sglang.srt.speculative.dspark_components.dspark_observability as O
         import sglang.srt.speculative.dspark_components.dspark_planner as P
         original = P.compute_verify_token_budget
-        del O.DsparkStepObservers.begin_step  # this SGLang "moved" one hook target
+        del O.DsparkStepObservers.note_prefill_step  # this SGLang "moved" one hook target
         from sglang.srt.plugins import load_plugins
         load_plugins()
         print("untouched", P.compute_verify_token_budget is original and not hasattr(original, "__wrapped__"))
@@ -62,7 +62,7 @@ def test_a_missing_target_registers_nothing_and_leaves_sglang_untouched():
     assert out.returncode == 0, out.stderr[-2000:]
     assert "untouched True" in out.stdout
     refusal = [line for line in out.stderr.splitlines() if "sglang_dspark plugin not registered" in line]
-    assert len(refusal) == 1 and "DsparkStepObservers.begin_step" in refusal[0]
+    assert len(refusal) == 1 and "DsparkStepObservers.note_prefill_step" in refusal[0]
 
 
 def _tables():
@@ -78,7 +78,7 @@ def _tables():
 @pytest.fixture
 def plugin_env(monkeypatch):
     """Set the plugin's environment and forget the cached settings around each test."""
-    from sglang_dspark.sglang_plugin import settings
+    from sglang_dspark.sglang_plugin import planner, settings
 
     def configure(**env):
         for key in (settings.PROFILE_ENV, settings.TIER_ENV, settings.LEARNING_ENV):
@@ -86,9 +86,11 @@ def plugin_env(monkeypatch):
         for key, value in env.items():
             monkeypatch.setenv(key, value)
         settings.settings.cache_clear()
+        planner.profile_table.cache_clear()
 
     yield configure
     settings.settings.cache_clear()
+    planner.profile_table.cache_clear()
 
 
 def test_without_a_profile_the_hook_returns_exactly_the_original_decision(plugin_env):
@@ -160,7 +162,9 @@ def test_a_tier_without_a_profile_is_refused(plugin_env):
 
 
 def _observe_kwargs(bs: int, gamma: int) -> dict:
-    """Every keyword SGLang's worker passes to observe_verify_step, with CPU tensors."""
+    """Every keyword SGLang's worker passes to observe_verify_step, with CPU tensors. verify_lens
+    count rows, the anchor included (RaggedVerifyLayout), so these requests verify 3, 1 and 6 drafts
+    and accept 2, 0 and 4 of them."""
     commit = torch.tensor([3, 1, 5][:bs])
     layout = SimpleNamespace(verify_lens=torch.tensor([4, 2, 7][:bs]), graph_num_tokens=16)
     return dict(forward_ct=1, reqs=[SimpleNamespace(rid=f"r{i}") for i in range(bs)], bs=bs, proposal_folded=False,
@@ -191,8 +195,7 @@ def test_observer_metrics_appear_on_sglangs_own_metrics_endpoint(tmp_path):
         from sglang_dspark.sglang_plugin import observer
         fake = SimpleNamespace(_planner=SimpleNamespace(_budget_planner=SimpleNamespace(
             last_decision=SimpleNamespace(predicted_step_seconds=0.02))))
-        for step in range(3):  # numbers are one step late: three steps export two
-            observer.after_begin_step(None, fake)
+        for step in range(4):  # numbers are a step late: four steps export three, two of them timed
             time.sleep(0.01)
             observer.around_observe_step(lambda obs, **kw: None, fake, **_observe_kwargs(3, 7))
         from fastapi import FastAPI
@@ -204,10 +207,17 @@ def test_observer_metrics_appear_on_sglangs_own_metrics_endpoint(tmp_path):
     """, env={"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)})
     assert out.returncode == 0, out.stderr[-3000:]
     text = json.loads(out.stdout.strip().splitlines()[-1])
-    assert "sglang_dspark_verify_steps_total 2.0" in text
-    assert 'sglang_dspark_accept_length_bucket{le="3.0"} 4.0' in text  # commit lens 3, 1 twice each
-    assert 'sglang_dspark_position_accepted_total{position="1"} 4.0' in text  # drafts 2 of r0 and r2, twice
-    assert "sglang_dspark_step_seconds_count 2.0" in text and "sglang_dspark_verify_budget_count 2.0" in text
+    assert "sglang_dspark_verify_steps_total 3.0" in text
+    assert 'sglang_dspark_accept_length_bucket{le="3.0"} 6.0' in text  # commit lens 3 and 1, three times each
+    # draft 0: verified by all three requests, accepted by r0 and r2; draft 2: verified by r0 and r2,
+    # accepted by r2; draft 6 (the anchor's row, were it counted): verified by none
+    for position, verified, accepted in ((0, 9, 6), (1, 6, 6), (2, 6, 3)):
+        assert f'sglang_dspark_position_verified_total{{position="{position}"}} {verified:.1f}' in text
+        assert f'sglang_dspark_position_accepted_total{{position="{position}"}} {accepted:.1f}' in text
+    assert 'position="6"' not in text
+    assert "sglang_dspark_verify_tokens_sum 39.0" in text  # 3 anchors + 10 drafts, three times
+    assert "sglang_dspark_step_seconds_count 2.0" in text and "sglang_dspark_verify_budget_count 3.0" in text
+    assert 'sglang_dspark_sps_table_source{source="profile"} 1.0' in text
 
 
 def test_sts_recorders_write_per_rank_and_flush_their_last_shard(tmp_path, monkeypatch):
@@ -254,10 +264,15 @@ def _learning_run(monkeypatch, attn_tp_size: int, steps: int = 64) -> dict:
         bs, tokens = 1 + step % 3, (4, 8, 16, 24)[step % 4]
         kw = _observe_kwargs(bs, 7)
         kw["layout"].graph_num_tokens = tokens
-        observer.after_begin_step(None, fake)
-        clock.now += 0.010 + 0.002 * bs + 0.0005 * tokens  # this host's step time
+        clock.now += 0.010 + 0.002 * bs + 0.0005 * tokens  # this host's step time, since the last step
         observer.around_observe_step(lambda obs, **k: None, fake, **kw)
-        clock.now += 0.001
+        if step == steps // 2:
+            observer.after_prefill_step(None, fake)  # a prefill step: the next interval is not timed
+            clock.now += 0.5
+    obs = observer.observer()
+    if obs._refit is not None:  # the background refit: wait for it, then let the hook adopt it
+        obs._refit.result(timeout=60)
+        obs._refresh_learned()
     seen = {}
 
     def original(*, history_survival_probs, sps_table, cfg):
@@ -269,7 +284,7 @@ def _learning_run(monkeypatch, attn_tp_size: int, steps: int = 64) -> dict:
     given = _tables()[1]
     seen["result"] = around_budget(original, history_survival_probs=torch.rand(2, 7), sps_table=given,
                                    cfg=P.DSparkScheduleConfig(gamma=7))
-    seen["given"], seen["learned"] = given, observer.learned_table()
+    seen["given"], seen["learned"], seen["learner"] = given, observer.learned_table(), obs.learner
     return seen
 
 
@@ -282,6 +297,7 @@ def test_with_learning_the_original_planner_runs_on_the_table_learned_from_this_
     seen = _learning_run(monkeypatch, attn_tp_size=1)
     assert seen["result"] == "decision" and seen["learned"] is not None
     assert isinstance(seen["table"], SpsAdditiveCostTable) and seen["table"] is seen["learned"].table
+    assert max(s.seconds for s in seen["learner"].samples) < 0.05  # the interval across the prefill was dropped
     for bs, tokens in ((1, 4), (2, 16), (3, 24)):
         true = 0.010 + 0.002 * bs + 0.0005 * tokens
         predicted = 1.0 / seen["learned"].ours(tokens, num_requests=bs)
@@ -293,3 +309,14 @@ def test_with_attention_tp_the_learner_stays_off_and_every_rank_uses_the_profile
     plugin_env(SGLANG_DSPARK_PROFILE=str(path), SGLANG_DSPARK_SPS_LEARNING="1")
     seen = _learning_run(monkeypatch, attn_tp_size=2)
     assert seen["learned"] is None and seen["table"] is seen["given"]
+
+
+def test_the_table_source_says_flat_while_sglang_verifies_every_draft():
+    from sglang_dspark.sglang_plugin.observer import StepObserver
+
+    obs = StepObserver()
+    assert obs._source(SimpleNamespace(is_verify_all=True)) == "flat"
+    assert obs._source(SimpleNamespace(is_verify_all=False)) == "profile"
+    from sglang.srt.speculative.dspark_components.dspark_planner import DSparkVerifyPlanner
+
+    assert isinstance(inspect.getattr_static(DSparkVerifyPlanner, "is_verify_all"), property)  # what we read

@@ -12,6 +12,7 @@ order SGLang uses. Ties therefore never rank a later draft of a request before a
 from __future__ import annotations
 
 import functools
+import heapq
 from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -120,17 +121,38 @@ def _sla_curves(survival, sps, tok_s_per_user, overhead_seconds, time_scale=1.0)
         theta, seconds = theta / time_scale, seconds * time_scale
     if overhead_seconds:
         theta = theta * seconds / (seconds + overhead_seconds)
-    k_max = theta.size - 1
-    # per_request[k, r]: expected tokens of request r when the top k candidates are verified
-    per_request = np.zeros((k_max + 1, num_requests))
-    per_request[np.arange(1, k_max + 1), order[:k_max] % num_requests] = values[:k_max]
-    slowest = (np.cumsum(per_request, axis=0) + 1.0).min(axis=1) / (seconds + overhead_seconds)
+    slowest = _slowest_tokens(values, order % num_requests, num_requests, theta.size - 1) / (seconds + overhead_seconds)
     feasible = slowest >= tok_s_per_user
     if feasible.any():
         k = int(np.argmax(np.where(feasible, theta, -np.inf)))
     else:
         k = int(np.argmax(slowest))
     return k, seconds, theta, slowest
+
+
+DENSE_SLOWEST_MAX = 1 << 15  # budgets x requests up to which one dense cumsum beats a heap walk
+
+
+def _slowest_tokens(values: np.ndarray, requests: np.ndarray, num_requests: int, k_max: int) -> np.ndarray:
+    """[k_max + 1]: the smallest expected tokens (1 + its verified survivals) of any request when
+    the top k ranked candidates (survival `values`, owner `requests`) are verified, k = 0..k_max."""
+    if (k_max + 1) * num_requests <= DENSE_SLOWEST_MAX:
+        per_request = np.zeros((k_max + 1, num_requests))
+        per_request[np.arange(1, k_max + 1), requests[:k_max]] = values[:k_max]
+        return (np.cumsum(per_request, axis=0) + 1.0).min(axis=1)
+    # Large batches: each candidate raises one request's sum, so walk them with a lazy min-heap
+    # (O(k log R) instead of a k x R matrix; the sums accumulate in the same order, so bit-equal).
+    sums = np.zeros(num_requests)
+    heap = [(0.0, r) for r in range(num_requests)]
+    out = np.empty(k_max + 1)
+    out[0] = 1.0
+    for k in range(k_max):
+        r = int(requests[k])
+        sums[r] += values[k]
+        while heap[0][0] != sums[heap[0][1]]:  # stale entry: re-key it with that request's sum now
+            heapq.heapreplace(heap, (float(sums[heap[0][1]]), heap[0][1]))
+        out[k + 1] = heap[0][0] + 1.0
+    return out
 
 
 def allocate_top_k(survival: torch.Tensor, budget: int) -> torch.Tensor:

@@ -72,11 +72,12 @@ def fit_step_table(num_requests, batch_tokens, seconds, drafted=None, weights=No
         raise ValueError("no drafted step to fit (every budget was 0)")
     # Steps of the same (R, B, drafted) share a design row: their weighted mean with their summed
     # weight gives the same least-squares fit, on a handful of rows instead of thousands.
-    keys, inverse = np.unique(np.stack([r, b, d]), axis=1, return_inverse=True)
+    # One int64 key per (R, B, drafted): a 1-D unique, several times faster than unique over columns.
+    keys, inverse = np.unique((r << 33) | (b << 1) | d, return_inverse=True)
     w = np.ones(r.size) if weights is None else np.asarray(weights, dtype=np.float64)
     total = np.bincount(inverse, weights=w)
     y = np.bincount(inverse, weights=w * np.asarray(seconds, dtype=np.float64)) / total
-    r, b, d = keys[0], keys[1], keys[2].astype(bool)
+    r, b, d = keys >> 33, (keys >> 1) & ((1 << 32) - 1), (keys & 1).astype(bool)
     rs = sorted(set(r.tolist()))
     knots = theta_knots(b)
     skip_rs = sorted(set(r[d].tolist())) if not d.all() else []  # skip is pinned where the drafter ran

@@ -87,19 +87,34 @@ class OnlineSpsEstimator:
         return sum(n for r, n in self._drafted_by_r.items() if r.bit_length() == bucket)
 
     # ---- reading -----------------------------------------------------------------------------
+    @property
+    def refit_due(self) -> bool:
+        return self._table is None or self.steps - self.fitted_at >= self.refit_every
+
     def table(self) -> SpsTable | None:
         """The current table (refit after every `refit_every` new steps); None before any step."""
-        if self._table is None or self.steps - self.fitted_at >= self.refit_every:
-            self._table = self._fit()
-            self.fitted_at, self.refits = self.steps, self.refits + 1
+        if self.refit_due:
+            self.adopt(self.fit(self.snapshot()), self.steps)
         return self._table
 
+    # A caller whose thread must not wait for a fit (SGLang's scheduler) takes a snapshot there,
+    # fits it elsewhere, and adopts the result: `adopt(fit(snapshot()), steps_at_snapshot)`.
+    def snapshot(self) -> list[StepSample]:
+        return list(self.samples)
+
+    def adopt(self, table: SpsTable | None, steps: int) -> None:
+        self._table, self.fitted_at, self.refits = table, steps, self.refits + 1
+
+    def fit(self, samples: list[StepSample]) -> SpsTable | None:
+        """A table fitted to `samples` (a snapshot) and the prior; None with neither."""
+        return self._fit(samples)
+
     def _weights(self, samples) -> np.ndarray:
-        age = self.steps - np.array([s.index for s in samples], dtype=np.float64)
+        newest = samples[-1].index + 1 if samples else self.steps  # a snapshot ages from its own end
+        age = newest - np.array([s.index for s in samples], dtype=np.float64)
         return 0.5 ** (age / self.half_life)
 
-    def _fit(self) -> SpsTable | None:
-        samples = list(self.samples)
+    def _fit(self, samples: list[StepSample]) -> SpsTable | None:
         if not samples and self.prior is None:
             return None
         if self.prior is not None:
@@ -162,9 +177,9 @@ class OnlineSpsEstimator:
         of measured / prior over the recent steps."""
         if not samples:
             return self.prior_scale
-        ratios = np.array([s.seconds / (1.0 / self.prior(s.batch_tokens, s.num_requests, drafted=s.drafted))
-                           for s in samples])
-        return _weighted_median(ratios, self._weights(samples))
+        r, b, d, y = (np.array([getattr(s, f) for s in samples])
+                      for f in ("num_requests", "batch_tokens", "drafted", "seconds"))
+        return _weighted_median(y / self.prior.seconds_at(r, b, d), self._weights(samples))
 
     # ---- for a profile snapshot --------------------------------------------------------------
     def step_times(self) -> dict[tuple[int, int], list[float]]:

@@ -34,6 +34,8 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._ids = itertools.count()
+        self._live: set[str] = set()  # ids submitted and not yet finished (a client's rid must be unique)
+        self._live_lock = threading.Lock()
 
     # ---- what the server reads (immutable after construction) ----------------------------------
     @property
@@ -62,7 +64,26 @@ class AsyncEngine:
         prompt_ids = [int(t) for t in prompt_ids]
         self.engine.validate(prompt_ids, params)
         rid = request_id or f"req-{next(self._ids)}"
-        self._inbox.put(lambda e: e.submit(prompt_ids, params, callback, rid))
+        with self._live_lock:
+            if rid in self._live:
+                raise ValueError(f"rid: a request with id {rid!r} is already in flight")
+            self._live.add(rid)
+        user_callback = callback
+
+        def callback(out: RequestOutput) -> None:  # engine thread
+            if out.finished:
+                with self._live_lock:
+                    self._live.discard(rid)
+            user_callback(out)
+
+        def admit(engine: Engine) -> None:
+            try:
+                engine.submit(prompt_ids, params, callback, rid)
+            except Exception:  # validated above, so a bug: the client still gets a final output
+                logger.exception("request %s could not be submitted", rid)
+                callback(RequestOutput(rid, [], "", True, "abort", len(prompt_ids), 0))
+
+        self._inbox.put(admit)
         return rid
 
     def abort(self, request_id: str) -> None:
@@ -116,6 +137,9 @@ class AsyncEngine:
         self._inbox.put(lambda e: None)  # wake an idle thread
         if self._thread is not None:
             self._thread.join(timeout=timeout)
+            if self._thread.is_alive():  # a step outlived the timeout: the engine is still that thread's
+                logger.error("engine thread still running %.0f s after shutdown; leaving it", timeout)
+                return
         self._thread = None
         self._drain()
         self.engine.abort_all()

@@ -159,6 +159,8 @@ class Engine:
         prompt_ids = [int(t) for t in prompt_ids]
         self.validate(prompt_ids, params)
         rid = request_id or f"req-{next(self._ids)}"
+        if rid in self.scheduler:
+            raise ValueError(f"rid: a request with id {rid!r} is already in flight")
         generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         self.scheduler.add(Request(rid, prompt_ids, params, callback, generator, arrival=self.clock()))
         return rid
@@ -254,7 +256,8 @@ class Engine:
         """The slowest measured per-user speed among `running` requests old enough to say (SLA
         admission closes its loop over it); None when none is."""
         now = self.clock()
-        speeds = [s for r in running if len(r.output_ids) >= SLA_MIN_TOKENS and (s := r.speed(now)) is not None]
+        speeds = [s for r in running if r.replay_of is None and len(r.output_ids) >= SLA_MIN_TOKENS
+                  and (s := r.speed(now)) is not None]  # a canary replay never drafts: not a user's speed
         return min(speeds, default=None)
 
     def _sampling(self, reqs: list[Request]) -> SamplingBatch:
@@ -309,7 +312,8 @@ class Engine:
             self.runner.commit(dr, n, None if d.hidden is None else d.hidden[row : row + n + 1])
             req.kv_len += n + 1
             tokens = (d.drafts[i, :n].tolist() if n else []) + [int(d.next_tokens[i])]
-            self.metrics.accept_length.observe(n + 1)
+            if req.replay_of is None:  # replays verify no draft: they would drag the users' tau down
+                self.metrics.accept_length.observe(n + 1)
             self._commit(req, tokens, d.logits[row : row + n + 1])
             row += width
         d.end = self.clock()
@@ -321,8 +325,8 @@ class Engine:
         kept = self.output.commit(req, tokens, logprobs)
         if req.replay_of is None:
             self.metrics.generation_tokens.inc(kept)
-        if kept and req.id in self._last_emit:
-            self.metrics.itl.observe((now - self._last_emit[req.id]) / kept)
+            if kept and req.id in self._last_emit:
+                self.metrics.itl.observe((now - self._last_emit[req.id]) / kept)
         self._last_emit[req.id] = now
         if req.finished:
             self.scheduler.finish(req)
@@ -344,7 +348,7 @@ class Engine:
             self.policy.on_idle()
 
     def _replay_request(self, replay: Replay) -> Request:
-        return Request(f"canary-{replay.original_id}", replay.prompt_ids, replay_params(replay.params),
+        return Request(f"canary-{next(self._ids)}-{replay.original_id}", replay.prompt_ids, replay_params(replay.params),
                        lambda out: None, None, arrival=self.clock())
 
     def _release_replay(self, req: Request) -> None:

@@ -46,6 +46,9 @@ class Scheduler:
     def has_free_slot(self) -> bool:
         return bool(self._free_slots)
 
+    def __contains__(self, request_id: str) -> bool:
+        return any(r.id == request_id for r in (*self.waiting, *self.running))
+
     def add(self, req: Request) -> None:
         self.waiting.append(req)
 

@@ -48,8 +48,8 @@ def hooks() -> tuple[tuple[str, object, str], ...]:
     return (
         (targets.PLANNER, planner.around_budget, "AROUND"),
         (targets.OBSERVE_STEP, observer.around_observe_step, "AROUND"),
-        (targets.BEGIN_STEP, observer.after_begin_step, "AFTER"),
-        (targets.OBSERVERS_INIT, sts.refuse_compact_collection, "AFTER"),
+        (targets.PREFILL_STEP, observer.after_prefill_step, "AFTER"),
+        (targets.OBSERVERS_INIT, observer.after_observers_init, "AFTER"),
         (targets.SCHEDULER_SHUTDOWN, sts.flush_all, "AFTER"),
         (targets.STS_RECORDER, recorder, "REPLACE"),
     )

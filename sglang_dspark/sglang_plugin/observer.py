@@ -1,25 +1,38 @@
-"""The step-observer hooks: AROUND `DsparkStepObservers.observe_verify_step`, AFTER `begin_step`.
+"""The step-observer hooks: AROUND `DsparkStepObservers.observe_verify_step`, AFTER
+`note_prefill_step` and AFTER `DsparkStepObservers.__init__`.
 
 Per decode step they export the reference server's `sglang_dspark_*` families (accepted length,
 per-position acceptance, verify tokens, budget, predicted vs measured step time, per-user speed
-against the SLA tier) into SGLang's multiprocess Prometheus registry, so they appear on SGLang's own
-`/metrics` (`--enable-metrics`), and they feed the online SPS estimator when learning is on.
+against the SLA tier, the SPS table in use) into SGLang's multiprocess Prometheus registry, so they
+appear on SGLang's own `/metrics` (`--enable-metrics`), and they feed the online SPS estimator when
+learning is on.
+
+Step time is what SGLang's own records call `step_cpu_ms` (and what `profile capture-http` reads
+when SGLang records no GPU time): the interval between consecutive decode steps, none across a
+prefill step or beyond MAX_STEP_SECONDS. Under overlap scheduling that interval is the step's real
+cost to throughput.
 
 The tensors arrive on the device. Reading them now would stall the overlap scheduler, so each step
-stages its device-to-host copies (non-blocking, with an event) and the next step reads them: the
-numbers are one step late, never a synchronisation. Metrics come from attention-TP rank 0 only (the
-other ranks see the same requests).
+stages its device-to-host copies (non-blocking, with an event) and a later step reads them once the
+event says they landed: the numbers are a step or more late, never a synchronisation. The learned
+table is refitted on a background thread from a snapshot taken here. Metrics come from attention-TP
+rank 0 only (the other ranks see the same requests).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from sglang_dspark.sglang_plugin.settings import settings
 
+logger = logging.getLogger(__name__)
+
 REQUEST_SPEED_MIN_TOKENS = 2
+MAX_STEP_SECONDS = 1.0  # SGLang's INFO_DUMP_MAX_STEP_CPU_SECONDS: a longer gap is idle time, not a step
 
 
 @dataclass
@@ -46,10 +59,8 @@ class _Staged:
             event.record()
         return cls(copies, event)
 
-    def ready(self) -> dict:
-        if self.event is not None:
-            self.event.synchronize()  # recorded a step ago: long done
-        return self.tensors
+    def ready(self) -> bool:
+        return self.event is None or self.event.query()  # never waits on the device
 
 
 class StepObserver:
@@ -60,30 +71,38 @@ class StepObserver:
         self.exporting = None  # decided at the first step (the parallel config is published by then)
         self.learner = None
         self.learned: LearnedTable | None = None
-        self.began_at: float | None = None
-        self.pending: tuple[_Staged, dict] | None = None
+        self.last_stamp: float | None = None  # the previous decode step's, None after a prefill
+        self.pending: list[tuple[_Staged, dict]] = []  # staged steps whose copies have not landed
         self.requests: dict[str, list[float]] = {}  # rid -> [first seen, tokens, last seen]
+        self._refit: Future | None = None
+        self._fitter: ThreadPoolExecutor | None = None
 
     # -- hooks -----------------------------------------------------------------------------------
-    def begin(self) -> None:
-        self.began_at = time.perf_counter()
+    def note_prefill(self) -> None:
+        self.last_stamp = None  # the next interval would hold a prefill: not a decode step's cost
 
     def observe(self, planner, kw: dict, decision) -> None:
         now = time.perf_counter()
         if self.exporting is None:
             self._start()
-        if self.pending is not None:
-            staged, info = self.pending
-            self._account(staged.ready(), info)
+        seconds = None if self.last_stamp is None else now - self.last_stamp
+        self.last_stamp = now
+        if seconds is not None and not 0.0 < seconds <= MAX_STEP_SECONDS:
+            seconds = None
+        while self.pending and self.pending[0][0].ready():
+            staged, info = self.pending.pop(0)
+            self._account(staged.tensors, info)
         layout = kw.get("layout")
         staged = _Staged.stage(commit_lens=kw.get("commit_lens"), correct_len=kw.get("correct_len"),
                                verify_lens=getattr(layout, "verify_lens", None))
-        num_tokens = int(getattr(layout, "graph_num_tokens", 0) or kw["verify_ids_2d"].numel())
-        info = {"bs": int(kw["bs"]), "num_tokens": num_tokens, "budget": kw.get("verify_token_budget"),
-                "rids": [req.rid for req in kw.get("reqs") or []], "time": now,
-                "seconds": None if self.began_at is None else now - self.began_at,
-                "predicted": getattr(decision, "predicted_step_seconds", None)}
-        self.pending = (staged, info)
+        bs = int(kw["bs"])
+        rows_per_request = int(kw["verify_ids_2d"].numel()) // max(1, bs)  # static verify: anchor + gamma
+        info = {"bs": bs, "gamma": rows_per_request - 1,
+                "graph_tokens": int(getattr(layout, "graph_num_tokens", 0) or kw["verify_ids_2d"].numel()),
+                "budget": kw.get("verify_token_budget"), "rids": [req.rid for req in kw.get("reqs") or []],
+                "time": now, "seconds": seconds, "predicted": getattr(decision, "predicted_step_seconds", None),
+                "source": self._source(planner)}
+        self.pending.append((staged, info))
 
     # -- internals -------------------------------------------------------------------------------
     def _start(self) -> None:
@@ -101,29 +120,36 @@ class StepObserver:
         plugin = settings()
         if plugin.learning:
             if not single_rank:
-                import logging
-
-                logging.getLogger(__name__).warning(
-                    "SGLANG_DSPARK_SPS_LEARNING ignored: with attention TP > 1 each rank would learn its own "
-                    "table and pick its own CUDA-graph size; the profile's table is used")
+                logger.warning("SGLANG_DSPARK_SPS_LEARNING ignored: with attention TP > 1 each rank would learn its "
+                               "own table and pick its own CUDA-graph size; the profile's table is used")
             else:
                 from sglang_dspark.core.sps_online import OnlineSpsEstimator
-
                 from sglang_dspark.sglang_plugin.planner import profile_table
 
                 self.learner = OnlineSpsEstimator(prior=profile_table() if plugin.profile is not None else None)
 
+    def _source(self, planner) -> str:
+        """The table SGLang's planner prices this step with, as the reference server names it."""
+        if getattr(planner, "is_verify_all", False):
+            return "flat"  # no SPS table: SGLang verifies every draft
+        return "profile+online" if self.learned is not None else "profile"
+
     def _account(self, host: dict, info: dict) -> None:
         commit, correct, verify = host["commit_lens"], host["correct_len"], host["verify_lens"]
-        bs, seconds = info["bs"], info["seconds"]
+        bs, seconds, gamma = info["bs"], info["seconds"], info["gamma"]
+        # SGLang's verify_lens count rows, the anchor included; static verify has no layout: all of them
+        drafts = (verify[:bs] - 1).clamp(min=0) if verify is not None else None
+        verify_tokens = bs + (int(drafts.sum()) if drafts is not None else bs * gamma)
         if self.learner is not None and seconds:
-            self.learner.observe(bs, info["num_tokens"], True, seconds)  # SGLang's step always drafts
+            self.learner.observe(bs, info["graph_tokens"], True, seconds)  # SGLang's step always drafts
             self._refresh_learned()
         if self.metrics is None:
             return
         m = self.metrics
         m.verify_steps.inc()
-        m.verify_tokens.observe(info["num_tokens"])
+        m.verify_tokens.observe(verify_tokens)
+        for source in ("flat", "profile", "profile+online"):
+            m.sps_source.labels(source=source).set(1.0 if source == info["source"] else 0.0)
         if info["budget"] is not None:
             m.budget.observe(int(info["budget"]))
         if seconds:
@@ -132,10 +158,10 @@ class StepObserver:
             for n in commit[:bs].tolist():
                 m.accept_length.observe(int(n))
             m.generation_tokens.inc(int(commit[:bs].sum()))
-        if correct is not None and verify is not None:
-            gamma = int(verify.max()) if verify.numel() else 0
-            accepted = correct[:bs].view(-1, 1) > _positions(gamma)
-            verified = verify[:bs].view(-1, 1) > _positions(gamma)
+        if correct is not None and gamma > 0:
+            positions = _positions(gamma)
+            verified = (drafts.view(-1, 1) if drafts is not None else torch_full(bs, gamma)) > positions
+            accepted = correct[:bs].view(-1, 1) > positions
             m.observe_positions(verified.sum(0).tolist(), (accepted & verified).sum(0).tolist())
         self._track_requests(info, commit)
 
@@ -155,7 +181,25 @@ class StepObserver:
                 self.metrics.sla_requests.labels(outcome="met" if met else "missed").inc()
 
     def _refresh_learned(self) -> None:
-        table = self.learner.table()
+        """Adopt a finished background refit; start the next one when due (never waits here)."""
+        if self._refit is not None:
+            if not self._refit.done():
+                return
+            refit, self._refit = self._refit, None
+            try:
+                table, steps = refit.result()
+            except Exception:  # a bad fit keeps the table in use
+                logger.exception("online SPS refit failed; keeping the current table")
+            else:
+                self.learner.adopt(table, steps)
+                self._publish(table)
+        if self.learner.refit_due:
+            samples, steps, learner = self.learner.snapshot(), self.learner.steps, self.learner
+            if self._fitter is None:
+                self._fitter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dspark-sps-fit")
+            self._refit = self._fitter.submit(lambda: (learner.fit(samples), steps))
+
+    def _publish(self, table) -> None:
         if table is None or not self.learner.has_drafted or (self.learned is not None and self.learned.ours is table):
             return
         import pkgutil
@@ -164,6 +208,12 @@ class StepObserver:
 
         sglang_table = pkgutil.resolve_name(ADDITIVE_TABLE)(**table.table.model_dump())
         self.learned = LearnedTable(ours=table, table=sglang_table)
+
+
+def torch_full(bs: int, gamma: int):
+    import torch
+
+    return torch.full((bs, 1), gamma)
 
 
 def _positions(gamma: int):
@@ -186,13 +236,24 @@ def learned_table() -> LearnedTable | None:
     return observer().learned
 
 
-def after_begin_step(result, observers) -> None:
-    observer().begin()
+def after_prefill_step(result, observers) -> None:
+    observer().note_prefill()
+
+
+def after_observers_init(result, observers, *args, **kwargs) -> None:
+    """AFTER DsparkStepObservers.__init__: read the plugin's settings now, so that a bad profile or
+    tier stops the worker at start (before a router sends it traffic), not at its first decode step;
+    and refuse STS collection in compact mode."""
+    from sglang_dspark.sglang_plugin.sts import refuse_compact_collection
+
+    settings()
+    refuse_compact_collection(result, observers, *args, **kwargs)
 
 
 def around_observe_step(original_fn, observers, **kw):
-    planner = getattr(getattr(observers, "_planner", None), "_budget_planner", None)
-    decision = getattr(planner, "last_decision", None)  # read before the info dumper consumes it
+    planner = getattr(observers, "_planner", None)
+    budget_planner = getattr(planner, "_budget_planner", None)
+    decision = getattr(budget_planner, "last_decision", None)  # read before the info dumper consumes it
     result = original_fn(observers, **kw)
     observer().observe(planner, kw, decision)
     return result

@@ -11,6 +11,7 @@ hook registry rebinds those to this wrapper).
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 
@@ -32,12 +33,16 @@ def around_budget(original_fn, *, history_survival_probs, sps_table, cfg):
     from sglang_dspark.core.schedule import decide_budget_sla
 
     ours = learned.ours if learned is not None else profile_table()
-    decision = decide_budget_sla(history_survival_probs[:, : cfg.gamma], ours, plugin.tier.tok_s_per_user)
+    # the candidates SGLang's own budget considers: the first max_verify_len drafts, above its floor
+    survival = history_survival_probs[:, : cfg.resolved_max_verify_len()]
+    survival = survival.masked_fill(survival < cfg.survival_eps, 0.0)
+    decision = decide_budget_sla(survival, ours, plugin.tier.tok_s_per_user)
     budget_decision = sys.modules[original_fn.__module__].VerifyBudgetDecision
     return budget_decision(budget=decision.budget, predicted_step_seconds=decision.predicted_step_seconds,
                            predicted_theta=decision.predicted_theta)
 
 
+@functools.lru_cache(maxsize=1)
 def profile_table():
     """The profile's table as SGLang's worker runs it: always drafting (no drafter-skip saving)."""
     from sglang_dspark.core.sps import SpsTable

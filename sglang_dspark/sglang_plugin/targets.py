@@ -12,12 +12,12 @@ S = "sglang.srt.speculative.dspark_components.dspark_sts"
 PLANNER = f"{P}.compute_verify_token_budget"  # AROUND: SLA decision or learned table, else the original
 BUDGET_DECISION = f"{P}.VerifyBudgetDecision"  # the struct the planner returns (read, not hooked)
 OBSERVE_STEP = f"{O}.DsparkStepObservers.observe_verify_step"  # AROUND: metrics, learner feed
-BEGIN_STEP = f"{O}.DsparkStepObservers.begin_step"  # AFTER: the step clock
-OBSERVERS_INIT = f"{O}.DsparkStepObservers.__init__"  # AFTER: refuse STS collection in compact mode
+PREFILL_STEP = f"{O}.DsparkStepObservers.note_prefill_step"  # AFTER: no decode-step interval across it
+OBSERVERS_INIT = f"{O}.DsparkStepObservers.__init__"  # AFTER: settings read at start; STS refused in compact
 STS_RECORDER = f"{S}.StsDataRecorder"  # REPLACE (class): per-rank files, final flush
 SCHEDULER_SHUTDOWN = "sglang.srt.managers.scheduler.Scheduler.release_host_resources"  # AFTER: flush STS
 PARALLEL = "sglang.srt.runtime_context.get_parallel"  # read inside hooks only (unpublished at register)
 ADDITIVE_TABLE = "sglang.srt.speculative.dspark_components.dspark_sps.SpsAdditiveCostTable"  # the learned table
 
-HOOKED = (PLANNER, OBSERVE_STEP, BEGIN_STEP, OBSERVERS_INIT, STS_RECORDER, SCHEDULER_SHUTDOWN)
+HOOKED = (PLANNER, OBSERVE_STEP, PREFILL_STEP, OBSERVERS_INIT, STS_RECORDER, SCHEDULER_SHUTDOWN)
 READ = (BUDGET_DECISION, PARALLEL, ADDITIVE_TABLE)

@@ -60,8 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "scheduled: DSpark with the SPS-table verify scheduler")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=30000, help="port to listen on")
-    p.add_argument("--max-running", type=int, default=DEFAULT_MAX_RUNNING, metavar="N",
-                   help="concurrent requests (KV slots); more wait in a queue")
+    p.add_argument("--max-running", type=int, metavar="N",
+                   help=f"concurrent requests (KV slots); more wait in a queue (default: {DEFAULT_MAX_RUNNING} on the "
+                        "reference engine; SGLang's own choice on SGLang, or an SLA tier's max_concurrency)")
     p.add_argument("--max-len", type=int, metavar="N",
                    help="context per request, prompt + output tokens (default: the model's max_position_embeddings, "
                         "8192 for SmolLM2). The reference engine's KV cache holds max-running x max-len positions "
@@ -100,7 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="where the profile's SPS / STS JSON for SGLang are written (default: "
                           "~/.cache/sglang_dspark/sglang/<profile hash>/)")
     p.add_argument("--dry-run", action="store_true",
-                   help="print what would be launched (the SGLang command, or the reference engine's plan) and exit")
+                   help="print what would be launched (the SGLang command, or the reference engine's plan) and exit; "
+                        "keys are shown as '***'. For SGLang the profile's tables are still exported, since the "
+                        "printed command reads them")
     return p
 
 
@@ -130,9 +133,9 @@ def resolve_model(model: str, engine: str, cache_dir: Path, materialise: bool) -
         raise LaunchError(f"--model {exc}") from None
 
 
-def resolve_draft(draft: str | None, model: str, mode: str, engine: str) -> str | None:
+def resolve_draft(draft: str | None, model: str, mode: str, engine: str, zoo_name: str | None = None) -> str | None:
     """The drafter directory: --draft (checked to be one), else the shipped drafter whose target
-    content hash matches `model`."""
+    content hash matches `model` (by zoo name while a zoo model is not converted yet)."""
     if mode == "target":
         return None
     if draft is not None:
@@ -145,7 +148,7 @@ def resolve_draft(draft: str | None, model: str, mode: str, engine: str) -> str 
         except ValueError as exc:
             raise LaunchError(f"--draft {exc}") from None
         return draft
-    shipped = zoo.shipped_drafter_for(model) if Path(model).is_dir() else None
+    shipped = zoo.shipped_drafter_for(model, zoo_name)
     if shipped is None:
         raise LaunchError(f"mode {mode!r} needs a drafter and no shipped drafter was trained for {model} (shipped: "
                           f"{zoo.describe_shipped_drafters()}); pass --draft DIR, or --mode target")
@@ -164,19 +167,18 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        for flag, value in (("--port", args.port), ("--max-running", args.max_running), ("--max-len", args.max_len)):
-            if value is not None and not (0 < value < 65536 if flag == "--port" else value > 0):
-                raise LaunchError(f"{flag} {value}: out of range")
-        if not 0.0 <= args.canary_share <= 1.0:
-            raise LaunchError(f"--canary-share {args.canary_share}: must be in [0, 1]")
+        _check_ranges(args)
         engine, why = pick_engine(args.engine)
         logger.info("engine: %s (%s)", engine, why)
+        _warn_unused_flags(args, engine)
         model, zoo_name = resolve_model(args.model, engine, args.cache_dir, materialise=not args.dry_run)
-        draft = resolve_draft(args.draft, model, args.mode, engine)
+        draft = resolve_draft(args.draft, model, args.mode, engine, zoo_name)
         profile = _load_profile(args, engine, model, draft) or _shipped_profile(args, engine, model, draft, zoo_name)
         if args.sla_tier is not None and profile is None:
-            raise LaunchError("--sla-tier needs --profile (the tiers live in the profile, and none ships for "
-                              "this model and host)")
+            if args.mode != "scheduled":
+                raise LaunchError(f"--sla-tier needs --mode scheduled (the tier drives the scheduler), not {args.mode}")
+            raise LaunchError("--sla-tier needs --profile (the tiers live in the profile, and no shipped profile "
+                              "fits this model and host: see the warnings above)")
         name = args.served_model_name or zoo_name or os.path.basename(os.path.normpath(model))
         if engine == "reference" and args.mode == "scheduled":
             logger.info("SPS table: %s", _table_plan(args, profile, model, zoo_name))
@@ -186,6 +188,32 @@ def main(argv: list[str] | None = None) -> int:
     except LaunchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def _check_ranges(args) -> None:
+    checks = (("--port", args.port, 0 < args.port < 65536), ("--tp", args.tp, args.tp >= 1),
+              ("--dp", args.dp, args.dp >= 1), ("--nnodes", args.nnodes, args.nnodes >= 1),
+              ("--drain-timeout", args.drain_timeout, args.drain_timeout >= 0),
+              ("--canary-share", args.canary_share, 0.0 <= args.canary_share <= 1.0))
+    for flag, value, ok in checks:
+        if not ok:
+            raise LaunchError(f"{flag} {value}: out of range")
+    for flag, value in (("--max-running", args.max_running), ("--max-len", args.max_len)):
+        if value is not None and value < 1:
+            raise LaunchError(f"{flag} {value}: must be >= 1")
+
+
+REFERENCE_ONLY = ("drain_timeout", "canary_share", "canary_dir")
+SGLANG_ONLY = ("tp", "dp", "nnodes", "node_rank", "dist_init_addr", "profile_capture", "export_dir")
+
+
+def _warn_unused_flags(args, engine: str) -> None:
+    """Flags of the other engine do nothing here: say so rather than ignore them silently."""
+    defaults = build_parser().parse_args(["--model", "x"])
+    unused = SGLANG_ONLY if engine == "reference" else REFERENCE_ONLY
+    for dest in unused:
+        if getattr(args, dest) != getattr(defaults, dest):
+            logger.warning("--%s has no effect with --engine %s", dest.replace("_", "-"), engine)
 
 
 def _load_profile(args, engine: str, model: str, draft: str | None):
@@ -216,7 +244,7 @@ def _table_plan(args, profile, model: str, zoo_name: str | None) -> str:
     """What the scheduler's SPS table will be, and the command that improves on it."""
     url = f"http://{args.host}:{args.port}"
     capture = (f"python -m sglang_dspark.profile capture --model {zoo_name or model} "
-               f"--out sla_profiles/{zoo_name or 'MODEL'}-cpu.yaml")
+               f"--out sla_profiles/{zoo_name or 'MODEL'}-cpu-this-host.yaml")
     snapshot = f"python -m sglang_dspark.profile snapshot --base-url {url} --out sla_profiles/learned.yaml"
     if args.sps_learning == "off":
         if profile is None:
@@ -266,6 +294,9 @@ def _launch_sglang(args, model, draft, profile, name) -> int:
 
     if not 0 <= args.node_rank < args.nnodes:
         raise LaunchError(f"--node-rank {args.node_rank}: must be in [0, --nnodes {args.nnodes})")
+    if args.nnodes > 1 and args.mode == "scheduled" and not args.profile_capture and args.export_dir is None:
+        raise LaunchError(f"--nnodes {args.nnodes}: every node reads the profile and the tables exported from it; "
+                          "give --export-dir DIR on a filesystem all nodes share, with the profile file there too")
     sps = sts = None
     if profile is not None and not args.profile_capture:
         sps, sts = launch_sglang.export_profile(profile.profile, profile.path, args.export_dir)
@@ -274,7 +305,7 @@ def _launch_sglang(args, model, draft, profile, name) -> int:
         max_len=args.max_len, seed=args.seed, served_model_name=name, api_key=args.api_key,
         admin_api_key=args.admin_api_key, tp=args.tp, dp=args.dp, nnodes=args.nnodes,
         dist_init_addr=args.dist_init_addr, gamma=draft_gamma(draft) if draft and Path(draft).is_dir() else None,
-        profile_path=profile.path if profile is not None else None, sps_path=sps, sts_path=sts,
+        profile_path=str(Path(profile.path).resolve()) if profile is not None else None, sps_path=sps, sts_path=sts,
         tier=profile.tier if profile is not None else None, sps_learning=args.sps_learning == "on",
         profile_capture=args.profile_capture, user_plugins=os.environ.get("SGLANG_PLUGINS"))
     try:
@@ -285,10 +316,11 @@ def _launch_sglang(args, model, draft, profile, name) -> int:
         for node in nodes:
             if len(nodes) > 1:
                 print(f"# node {node.node_rank} of {len(nodes)}")
-            print(node.render(), flush=True)
+            print(node.render(hide_keys=True), flush=True)
     if args.profile_capture:
         out = f"sla_profiles/{name}-sglang.yaml"
-        print(f"# once the server is up, measure it:\n{launch_sglang.capture_command(deployment, out)}", flush=True)
+        capture = launch_sglang.capture_command(deployment, out, hide_keys=True)
+        print(f"# once the server is up, measure it (the admin key where *** stands):\n{capture}", flush=True)
     if not args.dry_run:
         launch_sglang.exec_command(nodes[args.node_rank])
     return 0
@@ -307,10 +339,14 @@ def _identity(model: str, draft: str | None) -> dict:
 def _launch_reference(args, model, draft, profile, name) -> int:
     url = f"http://{args.host}:{args.port}"
     tier = profile.tier if profile is not None else None
-    max_running = args.max_running
+    max_running = args.max_running or DEFAULT_MAX_RUNNING
     if tier is not None:  # the tier's concurrency limit caps the running batch
         max_running = min(max_running, tier.max_concurrency)
-    context = min(args.max_len or 1 << 30, model_context_length(model) or 1 << 30)
+    model_len = model_context_length(model)
+    if args.max_len is not None and model_len is not None and args.max_len > model_len:
+        logger.warning("--max-len %d: the model's context is %d tokens; requests get %d", args.max_len, model_len,
+                       model_len)
+    context = min(args.max_len or 1 << 30, model_len or 1 << 30)
     if args.dry_run:
         print(f"reference engine: model={model} draft={draft} mode={args.mode} sps_learning={args.sps_learning} "
               f"profile={profile.describe() if profile is not None else None} max_running={max_running} "

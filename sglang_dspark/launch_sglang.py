@@ -63,10 +63,19 @@ class NodeCommand:
     argv: list[str]
     env: dict[str, str]
 
-    def render(self) -> str:
-        """Copy-pasteable: one `export` per variable, then the command on one line."""
+    def render(self, hide_keys: bool = False) -> str:
+        """Copy-pasteable: one `export` per variable, then the command on one line (API keys as
+        '***' with `hide_keys`, for output that may land in a log)."""
         lines = [f"export {k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
-        return "\n".join(lines + [shlex.join(self.argv)])
+        return "\n".join(lines + [shlex.join(hidden(self.argv) if hide_keys else self.argv)])
+
+
+KEY_FLAGS = ("--api-key", "--admin-api-key")
+
+
+def hidden(words: list[str]) -> list[str]:
+    """`words` with the value after every key flag replaced by '***'."""
+    return [("***" if i and words[i - 1] in KEY_FLAGS else w) for i, w in enumerate(words)]
 
 
 def export_profile(profile, profile_file: str, out_dir: str | Path | None) -> tuple[str, str | None]:
@@ -112,7 +121,7 @@ def commands(d: Deployment) -> list[NodeCommand]:
         names = [n.strip() for n in d.user_plugins.split(",") if n.strip()]
         env["SGLANG_PLUGINS"] = ",".join(dict.fromkeys([*names, "sglang_dspark", *SHIPPED_PLUGINS]))
     max_running = d.max_running
-    if d.tier is not None and mode == "scheduled":  # SLA admission on SGLang: the tier's concurrency
+    if d.tier is not None and mode == "scheduled":  # SGLang has no SLA admission: the tier's concurrency caps the batch
         max_running = min(max_running or d.tier.max_concurrency, d.tier.max_concurrency)
     if max_running is not None:
         argv += ["--max-running-requests", str(max_running), "--cuda-graph-max-bs-decode", str(max_running)]
@@ -134,7 +143,7 @@ def commands(d: Deployment) -> list[NodeCommand]:
     return [NodeCommand(rank, multi + ["--node-rank", str(rank)], env) for rank in range(d.nnodes)]
 
 
-def capture_command(d: Deployment, out: str) -> str:
+def capture_command(d: Deployment, out: str, hide_keys: bool = False) -> str:
     """What to run once a --profile-capture server is up."""
     words = [sys.executable, "-m", "sglang_dspark.profile", "capture-http", "--base-url",
              f"http://{d.host}:{d.port}", "--out", out, "--model", d.model]
@@ -142,7 +151,7 @@ def capture_command(d: Deployment, out: str) -> str:
         words += ["--draft", d.draft]
     if d.admin_api_key or d.api_key:
         words += ["--api-key", d.admin_api_key or d.api_key]
-    return shlex.join(words)
+    return shlex.join(hidden(words) if hide_keys else words)
 
 
 def exec_command(cmd: NodeCommand) -> None:

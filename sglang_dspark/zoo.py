@@ -141,11 +141,14 @@ def shipped_drafters() -> dict[str, dict]:
     return found
 
 
-def shipped_drafter_for(model_dir: str | os.PathLike) -> str | None:
-    """The shipped drafter trained for exactly this target (same content hash), or None."""
+def shipped_drafter_for(model_dir: str | os.PathLike, zoo_name: str | None = None) -> str | None:
+    """The shipped drafter trained for exactly this target (same content hash), or None. A zoo model
+    not converted yet (a dry run) is matched by its zoo name, which its conversion is pinned to."""
     drafters = shipped_drafters()
-    if not drafters or not Path(model_dir).is_dir():
+    if not drafters:
         return None
+    if not Path(model_dir).is_dir():
+        return next((d for d, meta in drafters.items() if zoo_name and meta.get("target") == zoo_name), None)
     digest = dir_sha256(model_dir)
     return next((d for d, meta in drafters.items() if meta.get("target_sha256") == digest), None)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 
 import pytest
@@ -33,6 +34,23 @@ def test_zoo_name_resolves_to_the_cache_without_fetching_on_dry_run(tmp_path, ca
     assert not (tmp_path / "smollm2-135m-instruct").exists()
 
 
+def test_a_zoo_model_not_converted_yet_finds_its_shipped_drafter_on_dry_run(tmp_path, capsys):
+    from sglang_dspark import zoo
+
+    shipped = zoo.shipped_drafter_for(tmp_path / "not-converted", "smollm2-135m-instruct")
+    assert shipped is not None and shipped.endswith("smollm2-135m-instruct-dspark")
+    rc = launch.main(["--model", "smollm2-135m-instruct", "--engine", "reference", "--cache-dir", str(tmp_path),
+                      "--dry-run"])
+    assert rc == 0 and f"draft={shipped}" in capsys.readouterr().out
+
+
+def test_flags_of_the_other_engine_are_reported_not_ignored(dirs, caplog):
+    with caplog.at_level(logging.WARNING):
+        assert launch.main(["--model", str(dirs / "target"), "--mode", "target", "--engine", "reference", "--tp", "2",
+                            "--dry-run"]) == 0
+    assert any("--tp has no effect with --engine reference" in r.getMessage() for r in caplog.records)
+
+
 def test_auto_picks_reference_without_cuda(monkeypatch, caplog):
     import torch
 
@@ -49,6 +67,9 @@ def test_auto_picks_reference_without_cuda(monkeypatch, caplog):
     (["--model", "{target}", "--draft", "{draft}", "--sla-tier", "interactive"], "--sla-tier needs --profile"),
     (["--model", "{target}", "--mode", "target", "--port", "0"], "--port"),
     (["--model", "{target}", "--mode", "target", "--max-len", "-5"], "--max-len"),
+    (["--model", "{target}", "--mode", "target", "--drain-timeout", "-5"], "--drain-timeout -5.0: out of range"),
+    (["--model", "{target}", "--mode", "target", "--tp", "0"], "--tp 0: out of range"),
+    (["--model", "{target}", "--mode", "full", "--draft", "{draft}", "--sla-tier", "x"], "needs --mode scheduled"),
 ])
 def test_bad_input_is_one_line_on_stderr(dirs, capsys, extra, reason):
     fill = {"target": dirs / "target", "draft": dirs / "draft"}
@@ -119,7 +140,7 @@ def test_served_name_and_context_default_to_the_model(dirs, capsys):
 
 def test_help_shows_every_default():
     text = launch.build_parser().format_help().split("options:", 1)[1]
-    for flag, default in (("--port", "30000"), ("--host", "127.0.0.1"), ("--mode", "scheduled"),
-                          ("--max-running", "16"), ("--engine", "auto")):
+    for flag, default in (("--port", "30000)"), ("--host", "127.0.0.1)"), ("--mode", "scheduled)"),
+                          ("--max-running", "16 on the reference engine;"), ("--engine", "auto)")):
         section = text.split(f"  {flag} ", 1)[1].split("\n  --", 1)[0]
-        assert f"(default: {default})" in " ".join(section.split()), flag
+        assert f"(default: {default}" in " ".join(section.split()), flag

@@ -73,7 +73,9 @@ def test_every_printed_command_parses_with_sglangs_server_args(dirs, capsys, ser
     tp, dp = (int(parallel[parallel.index(f) + 1]) if f in parallel else 1 for f in ("--tp", "--dp"))
     profile = dirs / f"profile-tp{tp}-dp{dp}.yaml"  # a profile is captured per deployment shape
     make_profile(engine="sglang", target_dir=dirs / "target", draft_dir=dirs / "draft", tp=tp, dp=dp).save(profile)
-    nodes = _dry_run(dirs, capsys, "--mode", mode, "--profile", str(profile), "--max-running", "8", *tier, *parallel)
+    shared = ("--export-dir", str(dirs / "shared")) if "--nnodes" in parallel else ()  # every node reads the tables
+    nodes = _dry_run(dirs, capsys, "--mode", mode, "--profile", str(profile), "--max-running", "8", *tier, *parallel,
+                     *shared)
     nnodes = int(parallel[parallel.index("--nnodes") + 1]) if "--nnodes" in parallel else 1
     assert len(nodes) == nnodes
     for rank, (env, argv) in enumerate(nodes):
@@ -84,12 +86,12 @@ def test_every_printed_command_parses_with_sglangs_server_args(dirs, capsys, ser
         assert env.get("SGLANG_RAGGED_VERIFY_MODE") == {"target": None, "full": "static", "scheduled": "compact"}[mode]
         assert (args.tp_size, args.dp_size) == (tp, dp)
         if mode == "scheduled":
-            assert env["SGLANG_DSPARK_PROFILE"] == str(profile)
+            assert env["SGLANG_DSPARK_PROFILE"] == str(profile.resolve())
             assert ("SGLANG_DSPARK_SLA_TIER" in env) == bool(tier and tier[0] == "--sla-tier")
             assert args.max_running_requests == (4 if tier and tier[0] == "--sla-tier" else 8)  # the tier's cap
             exported = json.loads(open(args.speculative_dspark_sps_table_path).read())
             assert exported["sample_batch_tokens"] == [1, 4, 8, 16, 32]
-            assert args.speculative_dspark_sps_table_path.startswith(str(dirs / "home" / ".cache"))
+            assert args.speculative_dspark_sps_table_path.startswith(str(dirs / ("shared" if shared else "home/.cache")))
             assert args.speculative_dspark_block_size == 3
         else:
             assert not any(k.startswith("SGLANG_DSPARK_") for k in env)
@@ -119,7 +121,7 @@ def test_profile_capture_mode_and_its_command(dirs, capsys, server_args):
     assert env == {"SGLANG_RAGGED_VERIFY_MODE": "static", "SGLANG_DSPARK_ENABLE_SPS_RECORD": "1"}
     assert parser.parse_args(argv).speculative_dspark_sps_table_path is None
     capture = next(line for line in out.splitlines() if "capture-http" in line)
-    assert "--base-url http://127.0.0.1:31000" in capture and "--api-key sk-admin" in capture
+    assert "--base-url http://127.0.0.1:31000" in capture and "--api-key '***'" in capture
     from sglang_dspark.profile.cli import build_parser
 
     build_parser().parse_args(shlex.split(capture)[3:])  # the printed command is one our CLI accepts
@@ -147,13 +149,32 @@ def test_an_allow_list_keeps_sglangs_own_plugins(dirs, capsys, monkeypatch):
     assert env["SGLANG_PLUGINS"] == "my-plugin,sglang_dspark,smg-servicer,smg-zmq"
 
 
-def test_keys_and_export_dir(dirs, capsys, server_args):
+def test_keys_reach_sglang_but_not_the_dry_runs_output(dirs, capsys, server_args, monkeypatch):
     parser, _ = server_args
-    (_, argv), = _dry_run(dirs, capsys, "--profile", str(dirs / "profile.yaml"), "--api-key", "sk-user",
-                          "--admin-api-key", "sk-admin", "--export-dir", str(dirs / "exported"))
+    flags = ["--profile", str(dirs / "profile.yaml"), "--api-key", "sk-user", "--admin-api-key", "sk-admin",
+             "--export-dir", str(dirs / "exported")]
+    (_, argv), = _dry_run(dirs, capsys, *flags)
     args = parser.parse_args(argv)
-    assert (args.api_key, args.admin_api_key, args.served_model_name) == ("sk-user", "sk-admin", "target")
+    assert (args.api_key, args.admin_api_key, args.served_model_name) == ("***", "***", "target")
     assert args.speculative_dspark_sps_table_path == str(dirs / "exported" / "sps_table.json")
+    from sglang_dspark import launch_sglang
+
+    executed = []
+    monkeypatch.setattr(launch_sglang, "exec_command", executed.append)
+    assert launch.main(["--model", str(dirs / "target"), "--draft", str(dirs / "draft"), "--engine", "sglang",
+                        *flags]) == 0
+    args = parser.parse_args(executed[0].argv[3:])
+    assert (args.api_key, args.admin_api_key) == ("sk-user", "sk-admin")
+
+
+def test_multi_node_scheduled_needs_a_shared_export_dir(dirs, capsys):
+    profile = dirs / "tp2.yaml"
+    make_profile(engine="sglang", target_dir=dirs / "target", draft_dir=dirs / "draft", tp=2).save(profile)
+    rc = launch.main(["--model", str(dirs / "target"), "--draft", str(dirs / "draft"), "--engine", "sglang",
+                      "--dry-run", "--profile", str(profile), "--tp", "2", "--nnodes", "2",
+                      "--dist-init-addr", "10.0.0.1:5000"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--export-dir" in err and "all nodes share" in err
 
 
 def test_multi_node_needs_a_rendezvous(dirs, capsys):

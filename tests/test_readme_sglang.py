@@ -50,7 +50,7 @@ def bound(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
-    return {"MODEL": str(target), "DRAFT": str(draft)}
+    return {"MODEL": str(target), "DRAFT": str(draft), "SHARED": str(tmp_path / "shared")}
 
 
 def _substitute(words: list[str], values: dict[str, str]) -> list[str]:
@@ -128,7 +128,7 @@ def _check_router(words: list[str]) -> None:
 
 def test_every_command_of_the_sglang_section_runs(bound, capsys):
     variables, commands = section_commands()
-    assert set(variables) == {"MODEL", "DRAFT"} and len(commands) >= 7
+    assert set(variables) == {"MODEL", "DRAFT", "SHARED"} and len(commands) >= 7
     checked = []
     for words in commands:
         words = _substitute(words, bound)

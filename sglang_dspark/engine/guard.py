@@ -4,11 +4,12 @@ The planner drafts when its table and its confidences say drafting pays. Both ca
 drafter, confidences that are not calibrated for this traffic, a host the table does not describe.
 The guard watches what drafting actually delivered: for every step the planner chose to draft, the
 tokens it emitted per second against what an undrafted step at the same batch size emits per
-second (R / u(R), u the measured budget-0 step time). When drafted steps of a batch-size bucket
-have delivered less than `1 - margin` of that over at least `min_steps` steps, the bucket stops
-drafting for `cooldown` steps, then tries again with fresh statistics. Until a bucket has been
-judged (probation), the policy caps its drafts at one per request, so learning costs little. Probes (exploration) are not
-counted: their budgets are chosen to measure, not to win.
+second (R / u(R), u the table's price of a budget-0 step: with online learning, fitted to the
+engine's own measured undrafted steps). When drafted steps of a batch-size bucket have delivered
+less than `1 - margin` of that over at least `min_steps` steps, the bucket stops drafting for
+`cooldown` steps, then tries again with fresh statistics. Until a bucket has been judged
+(probation), the policy caps a step's drafts at R in all, so learning costs little. Probes
+(exploration) are not counted: their budgets are chosen to measure, not to win.
 
 It reads only finished steps, so whatever it decides, the output stays the target's.
 """

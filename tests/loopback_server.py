@@ -20,8 +20,9 @@ def serve_on_loopback(app):
     thread.start()
     try:
         deadline = time.monotonic() + 20
-        while not server.started and time.monotonic() < deadline:
+        while not server.started and time.monotonic() < deadline and thread.is_alive():
             time.sleep(0.01)
+        assert server.started, "the loopback server did not start within 20 s"
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True

@@ -5,26 +5,21 @@ with a response)."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import pytest
 from drafter_fixtures import write_tiny_model_dirs
 from engine_fixtures import tiny_engine
 from loopback_server import serve_on_loopback
+from server_processes import free_port, start_reference_server, stop
 
 from sglang_dspark.engine.async_engine import AsyncEngine
 from sglang_dspark.server import create_app
 
-ROOT = Path(__file__).resolve().parents[1]
 MAX_RUNNING = 4
 
 
@@ -74,16 +69,30 @@ def _until(predicate, timeout: float = 10.0) -> bool:
     return predicate()
 
 
+def _after_a_step(engine, steps_before: int):
+    """(waiting, running, the gauges' exposition) read on the engine thread once it ran a decode step."""
+    while True:
+        state = engine.call(lambda e: e.records.total > steps_before
+                            and (e.num_waiting, e.num_running, e.metrics.render())).result(30)
+        if state:
+            return state
+
+
 def test_twice_the_concurrency_loses_no_request_and_no_token(server):
     engine, base = server
-    seen_queue = []
+    hold = threading.Event()
+    steps_before = engine.call(lambda e: e.records.total).result(30)
+    held = engine.call(lambda e: hold.wait(30))  # no step until every request has arrived
     with ThreadPoolExecutor(2 * MAX_RUNNING) as pool:
         futures = [pool.submit(_stream, base, 40) for _ in range(2 * MAX_RUNNING)]
-        _until(lambda: seen_queue.append(_gauges(base)) or seen_queue[-1][1] > 0, timeout=20)
+        assert _until(lambda: len(engine._live) == 2 * MAX_RUNNING, timeout=30)
+        hold.set()
+        held.result(30)
+        waiting, running, text = _after_a_step(engine, steps_before)
         results = [f.result(timeout=120) for f in futures]
     assert all(r["finish_reason"] == "length" and r["usage"]["completion_tokens"] == 40 for r in results)
-    assert max(q for _, q in seen_queue) > 0  # requests really queued, and the gauge showed it
-    assert max(r for r, _ in seen_queue) <= MAX_RUNNING
+    assert (waiting, running) == (MAX_RUNNING, MAX_RUNNING)  # half of them queued
+    assert f"sglang_dspark_num_queued_reqs {float(MAX_RUNNING)}" in text.decode()  # and the gauge showed it
 
 
 def test_clients_that_hang_up_free_every_slot_and_the_gauges_say_so(server):
@@ -96,27 +105,13 @@ def test_clients_that_hang_up_free_every_slot_and_the_gauges_say_so(server):
     assert free == (True, True, MAX_RUNNING)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_sigterm_drains_every_request_to_a_response(tmp_path):
     target, draft = write_tiny_model_dirs(tmp_path, max_position_embeddings=8192)
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sglang_dspark.launch", "--model", target, "--draft", draft, "--engine", "reference",
-         "--port", str(port), "--max-running", "4", "--drain-timeout", "2"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    lines = []
+    port = free_port()
+    proc = start_reference_server("--model", target, "--draft", draft, "--engine", "reference", "--max-running", "4",
+                                  "--drain-timeout", "1", port=port)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not any("ready on" in line for line in lines):
-            lines.append(proc.stdout.readline())
-        assert any("ready on" in line for line in lines), "".join(lines)
         base = f"http://127.0.0.1:{port}"
         results, started = [], threading.Event()
 
@@ -135,8 +130,7 @@ def test_sigterm_drains_every_request_to_a_response(tmp_path):
             t.join(timeout=60)
         assert proc.wait(timeout=60) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        stop(proc)
     assert len(results) == 6  # every client got a complete response
     assert {r["finish_reason"] for r in results} <= {"length", "abort"}
     assert sum(r["finish_reason"] == "abort" for r in results) >= 3  # the long ones ended at the drain's end

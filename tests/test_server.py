@@ -46,6 +46,7 @@ class FakeEngine:
 
     model_name = "fake-model"
     max_len = 64
+    alive = True
 
     def __init__(self):
         self.tokenizer = FakeTokenizer()
@@ -126,6 +127,12 @@ def sse_events(text: str) -> list:
 
 
 # ---- plain endpoints ------------------------------------------------------------------------------
+
+def test_health_says_503_once_the_engine_thread_died(client, engine):
+    engine.alive = False
+    r = client.get("/health")
+    assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable"
+
 
 def test_health_models_info_metrics(client):
     assert client.get("/health").status_code == 200

@@ -79,9 +79,6 @@ class OnlineSpsEstimator:
     def has_drafted(self) -> bool:
         return any(n > 0 for n in self._drafted_by_r.values())
 
-    def drafted_count(self, num_requests: int) -> int:
-        return self._drafted_by_r[num_requests]
-
     def drafted_in_bucket(self, bucket: int) -> int:
         """Drafted samples held whose batch size R has bit_length `bucket` (1, 2-3, 4-7, ...)."""
         return sum(n for r, n in self._drafted_by_r.items() if r.bit_length() == bucket)

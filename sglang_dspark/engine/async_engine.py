@@ -50,6 +50,11 @@ class AsyncEngine:
     def max_len(self) -> int:
         return self.engine.max_len
 
+    @property
+    def alive(self) -> bool:
+        """The engine thread is running (a dead one would leave every request waiting)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def model_info(self) -> dict:
         return self.engine.model_info()  # built from configuration only: safe from any thread
 

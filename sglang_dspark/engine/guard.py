@@ -75,3 +75,8 @@ class DraftingGuard:
         """Drafted tokens per second over the undrafted rate, at this bucket (None before data)."""
         b = self._buckets.get(bucket(num_requests))
         return b.tokens / b.baseline if b is not None and b.baseline > 0 else None
+
+    def gains(self) -> dict[int, float]:
+        """Smallest batch size of each judged bucket -> its realised gain (for /server_info)."""
+        return {1 << (k - 1): round(gain, 4) for k in sorted(self._buckets)
+                if (gain := self.realised_gain(1 << (k - 1))) is not None}

@@ -210,6 +210,7 @@ class SpeculationPolicy:
             "sps_samples": len(learner.samples) if learner else 0, "sps_refits": learner.refits if learner else 0,
             "probe_steps": self.probes, "decode_steps": self.steps,
             "guard_blocked_from_bs": self.guard.blocked_buckets(), "guard_blocks": self.guard.blocks,
+            "guard_realised_gain_from_bs": self.guard.gains(),
             "forced_budget_frac": self.forced_budget_frac,
             "sps": None if self.sps.is_flat else self.sps.to_dict(),
             "sps_drafted_samples": sum(s.drafted for s in learner.samples) if learner else 0,

@@ -31,6 +31,10 @@ class EngineClient(Protocol):
     def abort_all(self) -> None:
         """End every request (a drain's end)."""
 
+    @property
+    def alive(self) -> bool:
+        """Whether the engine can still make progress (its thread runs); /health says 503 if not."""
+
     def model_info(self) -> dict:
         """SGLang's /model_info body (model_path, tokenizer_path, architectures, ...); immutable."""
 

@@ -30,7 +30,10 @@ ADMIN_PATHS = frozenset({"/flush_cache", "/set_internal_state"})
 
 
 @router.get("/health")
-async def health() -> Response:
+async def health(request: Request) -> Response:
+    """200 while the engine thread runs; 503 once it died, so a router stops sending traffic here."""
+    if not engine_of(request).alive:
+        raise APIError(503, "the engine thread is not running", type_="service_unavailable")
     return Response(status_code=200)
 
 

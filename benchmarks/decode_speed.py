@@ -150,6 +150,35 @@ def main() -> None:
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    plot(rows, arms, Path(args.out).with_suffix(".png"), title=f"{args.model}, default = {source}")
+    print(f"wrote {args.out} and {Path(args.out).with_suffix('.png')}")
+
+
+def plot(rows: list[dict], arms: tuple[str, ...], path: Path, title: str) -> None:
+    """Per concurrency, each arm's speed relative to target-only: every repeat a dot, the median a bar."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.8 / len(arms)
+    for i, arm in enumerate(arms):
+        for j, row in enumerate(rows):
+            ratios = [a / t for a, t in zip(row[arm]["runs_output_tok_s"], row["target"]["runs_output_tok_s"])]
+            x = j + (i - (len(arms) - 1) / 2) * width
+            ax.bar(x, statistics.median(ratios), width * 0.9, color=f"C{i}", label=arm if j == 0 else None)
+            ax.plot([x] * len(ratios), ratios, "k.", ms=3)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.axhline(0.97, color="r", lw=0.8, ls="--", label="0.97 x target-only")
+    ax.set_xticks(range(len(rows)), [f"C = {r['concurrency']}" for r in rows])
+    ax.set_ylabel("output tok/s relative to target-only (same repeat)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8, ncol=3)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def other_hardware_copy(path: Path) -> Path:

@@ -144,6 +144,8 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=150.0,
                         help="data: build budget per train dataset; arch / train: training budget per run "
                         "(default: %(default)s)")
+    parser.add_argument("--num-layers", type=int, default=None,
+                        help=f"train: draft layers (default: {ARCH['num-layers']}, the measured choice)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="evaluate: tokens per prompt (default: %(default)s)")
     parser.add_argument("--limit", type=int, default=None,
                         help="evaluate: prompts per category (default: all 80 MT-Bench, 164 HumanEval)")
@@ -160,9 +162,11 @@ def main() -> int:
         run_candidates(train_command, args.minutes)
     elif args.phase == "train":
         checks = ["--check-every-min", "30"]  # a measured tau of the checkpoint every half hour
-        run_parallel({"train-dspark": train_command(TRAINED["dspark"], args.minutes, *arch_args(), *checks),
-                      "train-dflash": train_command(TRAINED["dflash"], args.minutes, *arch_args(markov_rank=0),
-                                                    *checks)})
+        layers = args.num_layers or ARCH["num-layers"]
+        run_parallel({"train-dspark": train_command(TRAINED["dspark"], args.minutes, *arch_args(num_layers=layers),
+                                                    *checks),
+                      "train-dflash": train_command(TRAINED["dflash"], args.minutes,
+                                                    *arch_args(num_layers=layers, markov_rank=0), *checks)})
     elif args.phase == "evaluate":
         keep_previous()
         names = args.only.split(",") if args.only else list(EVALUATED)

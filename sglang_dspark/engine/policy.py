@@ -105,8 +105,14 @@ class SpeculationPolicy:
         if self.forced_budget_frac is not None:
             capacity = int(self.forced_budget_frac * num * self.gamma)
             return DraftPlan(capacity=capacity, draft=capacity > 0)
-        if self.learner is None and not self.sps.is_flat and self.planner.rows_observed == 0:
-            return DraftPlan(capacity=0, draft=True, probe=True)  # measure confidences before trusting the table
+        trusted = not self.sps.is_flat and (self.learner is None or self.learner.prior is not None)
+        if trusted and self.planner.rows_observed == 0:
+            # A table that may say drafting pays, and no confidence seen yet: the planner would count
+            # every draft as sure to survive (SGLang's prior). Measure them first, with one probe (a
+            # learner also gets a drafted step time). Learning from nothing, the table itself says
+            # no until drafting has been measured.
+            self.probes += 1
+            return DraftPlan(capacity=self._probe_budget(num), draft=True, probe=True)
         capacity = self.planner.capacity(request_ids)
         if self.planner.last_decision.budget > 0 and self.guard.allows(num):
             self._undrafted_steps, self._probe_interval = 0, self.probe_every

@@ -177,8 +177,10 @@ class Trainer:
     def run(self, progress: bool = True) -> list[dict]:
         by_time = self.loop.max_steps is None and self.loop.time_budget_s is not None
         total = round(self.loop.time_budget_s) if by_time else self.loop.max_steps
+        # by time: the bar counts seconds of the budget, so its ETA is the end of the run
         bar = tqdm(total=total, initial=round(self.elapsed_s) if by_time else self.step,
-                   unit="s" if by_time else "step", disable=not progress, dynamic_ncols=True, mininterval=2.0)
+                   unit="s" if by_time else "step", disable=not progress, dynamic_ncols=True, mininterval=2.0,
+                   bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s [{elapsed}<{remaining}{postfix}]" if by_time else None)
         last_save = last_eval = time.monotonic()
         if not self.evals:
             self.evaluate_heldout()

@@ -47,7 +47,7 @@ DATASETS = {  # name -> build_data arguments
 TRAIN_DATA = ["sharegpt-tf", "sharegpt-op"]
 ARCH = {"num-layers": 2, "markov-rank": 256, "markov-head-type": "vanilla", "hot-vocab": 8192}
 COMMON_TRAIN = ["--seed", "0", "--block-size", "7", "--threads", "1", "--seqs-per-step", "2",
-                "--anchors-per-seq", "64", "--lr", "1e-3", "--heldout", str(DATA / "heldout-op")]
+                "--anchors-per-seq", "64", "--lr", "2e-3", "--heldout", str(DATA / "heldout-op")]
 TRAINED = {"dspark": RUNS / "drafter-dspark", "dflash": RUNS / "drafter-dflash"}
 EVALUATED = {"dspark": TRAINED["dspark"], "dflash": TRAINED["dflash"], "previous": PREVIOUS}
 BENCHES = ["mt-bench", "humaneval"]

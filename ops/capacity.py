@@ -7,7 +7,11 @@ For each concurrency R up to the profile's largest measured batch, the predicted
     (1 + a + a^2 + ... + a^d) / step_seconds(R requests, R * d drafts)
 with d drafts verified per request (scheduled: the best d; full: gamma; target: 0) and a the
 per-position acceptance that gives the drafter's measured mean accepted length --tau when all gamma
-drafts are verified. A replica serves the tier at the largest aggregate speed among the R whose
+drafts are verified. Target-only (d = 0) is priced from what the profile measured without the
+drafter when it did (the reference engine skips the drafter on budget-0 steps and its profile carries
+that saving, `sps.draft_skip_seconds`); an SGLang profile has no such step (SGLang always drafts), so
+there target-only is priced as a DSpark step verifying no draft, drafter included: a lower bound on a
+target-only replica's speed, said in the output. A replica serves the tier at the largest aggregate speed among the R whose
 per-user speed meets it (and within the tier's max_concurrency); the demand is rate x output tokens
 per second; replicas = ceil(demand / (replica speed x utilization)). Decode only: prefill and time
 to first token are not modelled, so load-test the answer (ops/runbooks/capacity.md).
@@ -47,6 +51,20 @@ def acceptance_for_tau(tau: float, gamma: int) -> float:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if sum(mid ** j for j in range(gamma + 1)) < tau else (lo, mid)
     return lo
+
+
+def target_only_basis(profile) -> tuple[bool, str]:
+    """(measured, what the target-only price rests on): measured when the profile holds steps that
+    skipped the drafter (the reference engine's budget-0 probes, fitted as sps.draft_skip_seconds)."""
+    if profile.sps.draft_skip_seconds is not None:
+        return True, ("target-only steps are priced from the profile's measured steps without the drafter (budget 0, "
+                      "sps.draft_skip_seconds): what a --mode target replica of this engine runs")
+    why = ("SGLang always drafts" if profile.fingerprint.engine == "sglang"
+           else "it has no sps.draft_skip_seconds")
+    return False, ("approximation: this profile measured no step without the drafter (" + why + "), so "
+                   "target-only is priced as a DSpark step verifying no draft, drafter included: a lower bound on "
+                   "a --mode target replica's speed; load-test one (ops/runbooks/rollout.md step 0) for the real "
+                   "number")
 
 
 def speed_at(table, concurrency: int, gamma: int, acceptance: float, mode: str) -> Point:
@@ -102,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"profile {profile.name}, tier {tier.name}: {tier.tok_s_per_user:g} tok/s/user, concurrency <= {limit} "
           f"(tier {tier.max_concurrency}, measured {measured}); mode {args.mode}, tau {args.tau:g} "
           f"(acceptance {acceptance:.3f} per position)")
+    if args.mode == "target":
+        print(target_only_basis(profile)[1])
     print(f"{'R':>4} {'drafts/req':>10} {'step ms':>8} {'tok/s/user':>10} {'tok/s/replica':>13}  tier")
     for p in points:
         ok = "meets" if p.user_tok_s >= tier.tok_s_per_user else "misses"

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from sglang_dspark import zoo
-from sglang_dspark.help_format import DefaultsHelpFormatter
+from sglang_dspark.help_format import DefaultsHelpFormatter, OneLineErrorParser
 
 logger = logging.getLogger("sglang_dspark.launch")
 
@@ -28,8 +28,8 @@ class LaunchError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sglang_dspark.launch", description=__doc__.splitlines()[0],
-                                formatter_class=DefaultsHelpFormatter)
+    p = OneLineErrorParser(prog="python -m sglang_dspark.launch", description=__doc__.splitlines()[0],
+                           formatter_class=DefaultsHelpFormatter)
     p.add_argument("--model", required=True, metavar="DIR_OR_NAME",
                    help="target model: a local HF model directory, or a zoo name (e.g. smollm2-135m-instruct), "
                         "converted into --cache-dir on first use; with --engine sglang also a hub id ORG/NAME")
@@ -43,8 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "when it matches)")
     p.add_argument("--force-profile", action="store_true",
                    help="use --profile even when its fingerprint does not match (the differences are logged); "
-                        "without it, a profile that differs only in hardware or library versions seeds the "
-                        "online SPS table (scaled to this host's measured steps) instead")
+                        "without it, on the reference engine in scheduled mode with --sps-learning on, a profile "
+                        "that differs only in hardware or library versions seeds the online SPS table (scaled to "
+                        "this host's measured steps) instead; elsewhere it is refused")
     p.add_argument("--sps-learning", choices=("on", "off"), default="on",
                    help="scheduled mode: learn the SPS table online from the engine's own steps, seeded by the "
                         "profile when there is one (on), or use the profile's table as it is, and verify every "

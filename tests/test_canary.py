@@ -105,9 +105,10 @@ def test_replays_wait_for_spare_capacity():
 def test_the_prober_compares_a_dspark_server_with_a_target_only_one(tmp_path, monkeypatch):
     """The fleet-side canary: one server speculates (its verification broken for the second half),
     the other decodes target-only; the prober counts what differs."""
-    from sglang_dspark.canary_probe import probe
+    import threading
+
+    from sglang_dspark.canary_probe import CanaryCounters, probe
     from sglang_dspark.engine.async_engine import AsyncEngine
-    from sglang_dspark.metrics import EngineMetrics
     from sglang_dspark.server import create_app
     from loopback_server import serve_on_loopback
 
@@ -119,20 +120,37 @@ def test_the_prober_compares_a_dspark_server_with_a_target_only_one(tmp_path, mo
         e.start()
     try:
         with serve_on_loopback(create_app(dspark)) as d, serve_on_loopback(create_app(reference)) as r:
-            metrics = EngineMetrics()
+            metrics = CanaryCounters()
             assert probe(d, r, prompts, max_tokens=20, metrics=metrics) == (4, 0)
-            real = engine_module.verify_step
+            real, broken_steps = engine_module.verify_step, {"n": 0}
 
-            def broken(batch, drafts, draft_probs, logits, lens, shared):
+            def broken_on_the_dspark_engine(batch, drafts, draft_probs, logits, lens, shared):
                 num_acc, nxt = real(batch, drafts, draft_probs, logits, lens, shared)
-                wrong = num_acc < lens
-                nxt[wrong] = drafts[wrong, num_acc[wrong]]  # every rejected draft slips through
+                if threading.current_thread() is dspark._thread:  # the target-only engine stays correct
+                    broken_steps["n"] += 1
+                    wrong = num_acc < lens
+                    nxt[wrong] = drafts[wrong, num_acc[wrong]]  # every rejected draft slips through
                 return num_acc, nxt
 
-            monkeypatch.setattr(engine_module, "verify_step", broken)
+            monkeypatch.setattr(engine_module, "verify_step", broken_on_the_dspark_engine)
             assert probe(d, r, prompts, max_tokens=20, metrics=metrics, evidence_dir=tmp_path) == (4, 4)
     finally:
         for e in (dspark, reference):
             e.shutdown()
+    assert broken_steps["n"] > 0
     assert "sglang_dspark_canary_mismatches_total 4.0" in metrics.render().decode()
     assert len((tmp_path / "canary_mismatches.jsonl").read_text().splitlines()) == 4
+    # the mismatches are the broken verification's: both servers finished every request normally
+    # (a corrupted output may end early at an end-of-sequence token: "stop")
+    reasons = _finish_reasons(dspark)
+    assert set(reasons) <= {"length", "stop"} and sum(reasons.values()) == 8, reasons
+    assert _finish_reasons(reference) == {"length": 8}  # 20 greedy tokens each, never aborted
+
+
+def _finish_reasons(server) -> dict[str, int]:
+    """The engine's finished requests by reason (sglang_dspark_requests_finished_total)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = server.engine.metrics.render().decode()
+    return {s.labels["reason"]: int(s.value) for f in text_string_to_metric_families(text)
+            if f.name == "sglang_dspark_requests_finished" for s in f.samples if s.name.endswith("_total")}

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import logging
+
 import httpx
 import pytest
 
 from engine_fixtures import tiny_engine
-from loopback_server import serve_on_loopback
+from loopback_server import dead_loopback_server, serve_on_loopback
 from sglang_dspark.engine.async_engine import AsyncEngine
 from sglang_dspark.profile.cli import main as profile_main
-from sglang_dspark.profile.http_capture import step_samples
+from sglang_dspark.profile.fingerprint import dir_sha256, library_versions
+from sglang_dspark.profile.http_capture import server_versions, step_samples
 from sglang_dspark.profile.measure import fit_section, summarize
 from sglang_dspark.profile.schema import SlaProfile
 from sglang_dspark.server import create_app
@@ -24,6 +28,19 @@ def server():
             yield engine, base
     finally:
         engine.shutdown()
+
+
+@pytest.fixture
+def dead_server():
+    with dead_loopback_server() as url:
+        yield url
+
+
+def _model_dir(path, content: bytes):
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"block_size": 4}))
+    (path / "model.safetensors").write_bytes(content)
+    return path
 
 
 def _forced(engine) -> float | None:
@@ -73,11 +90,57 @@ def test_capture_http_writes_a_valid_profile(server, tmp_path, capsys):
     assert profile_main(["validate", str(out)]) == 0
 
 
-def test_capture_http_refuses_a_dead_server(tmp_path, capsys):
-    rc = profile_main(["capture-http", "--base-url", "http://127.0.0.1:9", "--out", str(tmp_path / "x.yaml"),
+def test_capture_http_refuses_a_dead_server(tmp_path, capsys, dead_server):
+    rc = profile_main(["capture-http", "--base-url", dead_server, "--out", str(tmp_path / "x.yaml"),
                        "--timeout", "5"])
     err = capsys.readouterr().err.strip()
-    assert rc == 2 and err.startswith("error: GET http://127.0.0.1:9/server_info") and "\n" not in err
+    assert rc == 2 and err.startswith(f"error: GET {dead_server}/server_info") and "\n" not in err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--fractions", "0,0.5"], "--fractions: need values in (0, 1] (SGLang refuses 0)"),
+    (["--model", "HuggingFaceTB/SmolLM2-135M-Instruct"], "--model HuggingFaceTB/SmolLM2-135M-Instruct: not a local "
+                                                          "directory"),
+    (["--draft", "{tmp}"], "--draft {tmp}: no config.json, not a model directory"),
+    (["--min-samples", "0"], "--min-samples 0: must be >= 1"),
+])
+def test_capture_http_checks_its_inputs_before_any_request(tmp_path, capsys, dead_server, extra, message):
+    """Refused by the flag at fault, not by the dead server: nothing was sent (a long sweep would
+    otherwise fail only at its end)."""
+    extra = [e.format(tmp=tmp_path) for e in extra]
+    rc = profile_main(["capture-http", "--base-url", dead_server, "--out", str(tmp_path / "x.yaml"), *extra])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith(f"error: {message.format(tmp=tmp_path)}") and "\n" not in err, err
+
+
+def test_the_fingerprint_takes_the_servers_versions(caplog):
+    client_torch, client_sglang = library_versions()
+    with caplog.at_level(logging.WARNING, logger="sglang_dspark.profile.http_capture"):
+        # SGLang's /server_info: its own "version", no torch version
+        assert server_versions({"version": "0.9.1", "internal_states": []}, "sglang") == (client_torch, "0.9.1")
+    assert "reports no torch version" in caplog.text and "no SGLang version" not in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="sglang_dspark.profile.http_capture"):
+        # our reference server launched with a drafter: its dspark_fingerprint
+        reported = {"dspark_fingerprint": {"torch": "3.0.0", "sglang": None}}
+        assert server_versions(reported, "reference") == ("3.0.0", None)
+        assert caplog.text == ""
+        assert server_versions({}, "reference") == (client_torch, client_sglang)  # nothing reported
+    assert "reports no torch version" in caplog.text and "reports no SGLang version" in caplog.text
+
+
+def test_capture_http_fingerprints_the_server_and_the_directories(server, tmp_path, monkeypatch, capsys):
+    engine, base = server
+    target, draft = _model_dir(tmp_path / "target", b"t"), _model_dir(tmp_path / "draft", b"d")
+    monkeypatch.setattr(engine.engine, "identity", {"torch": "9.9.9", "sglang": "0.0.1"})
+    out = tmp_path / "fp.yaml"
+    rc = profile_main(["capture-http", "--base-url", base, "--out", str(out), "--fractions", "1.0", "--concurrency",
+                       "1", "--max-new-tokens", "6", "--min-samples", "1", "--model", str(target), "--draft",
+                       str(draft), "--timeout", "60"])
+    assert rc == 0, capsys.readouterr().err
+    fp = SlaProfile.load(out).fingerprint
+    assert (fp.torch, fp.sglang) == ("9.9.9", "0.0.1")  # the server's, not this client's
+    assert fp.target_sha256 == dir_sha256(target) and fp.draft_sha256 == dir_sha256(draft)
 
 
 def test_step_records_become_measurements_and_tables():

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from loopback_server import dead_loopback_server
 from sglang_dspark.loadtest.__main__ import main
 from sglang_dspark.loadtest.report import load_arms
 from sglang_dspark.loadtest.sse import read_sse
@@ -163,6 +164,12 @@ def test_gate_checks_only_steps_within_the_tiers_concurrency():
 
 # ---- CLI input errors and the report -----------------------------------------------------------
 
+@pytest.fixture
+def dead_host():
+    with dead_loopback_server() as url:
+        yield url
+
+
 def run_cli(argv, capsys):
     try:
         rc = main(argv)
@@ -181,11 +188,14 @@ def run_cli(argv, capsys):
     (["--duration", "0s"], "error: --duration: time '0s'"),
     (["--domain", "poetry"], "error: domains poetry: builtin:heldout has code, chat, math"),
     (["--no-such-flag"], "error: unrecognized arguments: --no-such-flag"),
-    ([], "error: cannot reach http://127.0.0.1:9: GET /v1/models"),  # nothing listens on the discard port
+    (["--profile", "{tmp}/missing.yaml"], "error: --profile {tmp}/missing.yaml: cannot read (No such file"),
+    ([], "error: cannot reach {host}: GET /v1/models"),  # it closes every connection unanswered
 ])
-def test_bad_input_exits_2_with_one_line(extra, message, capsys, tmp_path):
-    rc, err = run_cli(["run", "--host", "http://127.0.0.1:9", "--out", str(tmp_path / "run"), *extra], capsys)
-    assert rc == 2 and err.startswith(message) and "\n" not in err, err
+def test_bad_input_exits_2_with_one_line(extra, message, capsys, tmp_path, dead_host):
+    fill = {"host": dead_host, "tmp": tmp_path}
+    rc, err = run_cli(["run", "--host", dead_host, "--out", str(tmp_path / "run"),
+                       *(e.format(**fill) for e in extra)], capsys)
+    assert rc == 2 and err.startswith(message.format(**fill)) and "\n" not in err, err
     assert not (tmp_path / "run").exists()
 
 

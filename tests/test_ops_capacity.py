@@ -75,3 +75,26 @@ def test_help_shows_defaults(capsys):
         capacity.main(["--help"])
     out = capsys.readouterr().out
     assert "(default: 256)" in out and "(default: scheduled)" in out and "(default: 0.8)" in out
+
+
+def test_target_only_is_priced_from_undrafted_steps_or_flagged_as_an_approximation(profile, tmp_path, capsys):
+    """The reference engine's profile measured steps without the drafter (draft_skip_seconds): the
+    target-only price rests on them. An SGLang profile never did (SGLang always drafts): the budget-0
+    price includes the drafter, and the output says it is a lower bound."""
+    argv = ["--tier", "batch", "--rate", "0.5", "--output-tokens", "256", "--tau", "1.3", "--mode", "target"]
+    assert capacity.main(["--profile", PROFILE, *argv]) == 0
+    out = capsys.readouterr().out
+    assert "priced from the profile's measured steps without the drafter" in out and "approximation" not in out
+
+    fp = profile.fingerprint.model_copy(update={"engine": "sglang"}).model_dump()
+    sglang = tmp_path / "sglang.yaml"
+    profile.replaced(fingerprint=fp, sps={**profile.sps.model_dump(), "draft_skip_seconds": None}).save(sglang)
+    assert capacity.main(["--profile", str(sglang), *argv]) == 0
+    out = capsys.readouterr().out
+    assert "approximation: this profile measured no step without the drafter (SGLang always drafts)" in out
+    assert "lower bound" in out
+    table, gamma = profile.sps_table(), profile.fingerprint.gamma
+    drafted = SlaProfile.load(sglang).sps_table()
+    # the same fit without the drafter-skip saving: slower, so a lower bound on target-only speed
+    assert (capacity.speed_at(drafted, 4, gamma, 0.5, "target").user_tok_s
+            < capacity.speed_at(table, 4, gamma, 0.5, "target").user_tok_s)

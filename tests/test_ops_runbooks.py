@@ -140,6 +140,11 @@ def flags(text: str) -> set[str]:
     return {word.split("=")[0] for word in shlex.split(text, comments=True) if word.startswith("--")}
 
 
+def flag_in_help(flag: str, usage: str) -> bool:
+    """`flag` appears in `usage` as itself, not as the start of a longer flag (`--gate` in `--gate-share`)."""
+    return re.search(rf"{re.escape(flag)}(?![\w-])", usage) is not None
+
+
 @functools.lru_cache(maxsize=None)
 def help_text(command: str) -> str:
     done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120, cwd=ROOT,
@@ -270,6 +275,13 @@ def test_the_runbooks_cite_only_files_in_the_repository():
                 assert (path.parent / target).resolve().exists(), f"{path.name} links to {target}"
 
 
+def test_a_flag_is_found_in_help_only_as_itself():
+    assert flag_in_help("--gate", "  --gate NAME  fail when ...\n  --gate-share SHARE")
+    assert not flag_in_help("--gate", "  --gate-share SHARE  share of requests")
+    assert not flag_in_help("--tier", "  --tiers T")
+    assert flag_in_help("--users", "[--users N,N,...]")
+
+
 def test_every_command_has_a_rule():
     commands = all_commands()
     assert len(commands) > 30
@@ -294,7 +306,7 @@ def test_runbook_command(command, sandbox):
         assert code == 0, f"{text}\n{output[-3000:]}"
     elif rule.how == "help":
         usage = help_text(rule.help)
-        missing = {f for f in flags(command.text) if not re.search(rf"{re.escape(f)}\b", usage)}
+        missing = {f for f in flags(command.text) if not flag_in_help(f, usage)}
         assert not missing, f"{command}: {sorted(missing)} not in `{rule.help}`"
     elif rule.how == "promql":
         expr = promql_of(command.text)

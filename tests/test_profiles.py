@@ -327,3 +327,59 @@ def test_cli_set_sts_embeds_checks_and_clears(tmp_path, good_yaml, capsys):
     assert main(["set-sts", str(out), "--sts", str(sts)]) == 2
     assert "sts.temperatures" in capsys.readouterr().err and out.read_bytes() == before
     assert main(["set-sts", str(out), "--clear"]) == 0 and SlaProfile.load(out).sts is None
+
+
+# -- CLI errors: one line on stderr, exit 2, naming the flag and the file ------------------------------
+def _one_line_error(argv: list[str], capsys) -> str:
+    try:
+        rc = profile_main(argv)
+    except SystemExit as exc:  # argparse's own errors
+        rc = exc.code
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert rc == 2 and err.startswith("error: ") and "\n" not in err, (rc, captured.err)
+    assert "Errno" not in err and "pydantic.dev" not in err and "usage:" not in err, err
+    return err
+
+
+def test_cli_errors_name_the_flag_and_the_file(tmp_path, good_yaml, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    err = _one_line_error(["export", str(good_yaml), "--out", str(blocker / "sub")], capsys)
+    assert err.startswith(f"error: --out {blocker / 'sub'}: cannot write (")
+    err = _one_line_error(["set-sts", str(good_yaml), "--sts", str(tmp_path / "missing.json")], capsys)
+    assert err == f"error: --sts {tmp_path / 'missing.json'}: cannot read (No such file or directory)"
+    err = _one_line_error(["set-sts", str(good_yaml), "--sts", str(REPO / "README.md")], capsys)
+    assert err.startswith(f"error: --sts {REPO / 'README.md'}: not an STS calibration JSON: Invalid JSON")
+    err = _one_line_error(["validate", str(good_yaml), "--model", str(tmp_path / "nonexistent")], capsys)
+    assert err.startswith(f"error: --model {tmp_path / 'nonexistent'}: no such directory")
+    err = _one_line_error(["validate", str(good_yaml), "--draft", str(blocker)], capsys)
+    assert err == f"error: --draft {blocker}: not a directory"
+
+
+def test_cli_usage_errors_are_one_line(capsys):
+    assert "the following arguments are required: FILE" in _one_line_error(["validate"], capsys)
+    assert "invalid choice: 'nope'" in _one_line_error(["nope"], capsys)
+    assert "--requests: expected comma-separated int" in _one_line_error(
+        ["capture", "--model", "m", "--out", "x.yaml", "--requests", "1,x"], capsys)
+
+
+@pytest.mark.parametrize("flag, value, minimum", [("--points", "1", 2), ("--warmup", "-1", 0), ("--repeats", "0", 1),
+                                                  ("--rounds", "0", 1), ("--prompt-tokens", "0", 1)])
+def test_cli_capture_refuses_counts_out_of_range(tmp_path, capsys, flag, value, minimum):
+    """Checked before the model is resolved or loaded (--prompt-tokens 0 used to mean the whole prompt)."""
+    err = _one_line_error(["capture", "--model", str(tmp_path / "no-model"), "--out", str(tmp_path / "x.yaml"),
+                           flag, value], capsys)
+    assert err == f"error: {flag} {value}: must be >= {minimum}"
+
+
+def test_cli_validate_engine_alone_compares_only_the_engine(tmp_path, capsys):
+    """`--engine` without --model / --draft checks the profile's engine, not this machine: the
+    profile below was measured on another CPU with other library versions."""
+    path = tmp_path / "elsewhere.yaml"
+    make_profile(engine="sglang").save(path)
+    assert SlaProfile.load(path).fingerprint.hardware != hardware_id()
+    assert profile_main(["validate", str(path), "--engine", "sglang"]) == 0
+    assert "(engine sglang matches)" in capsys.readouterr().out
+    err = _one_line_error(["validate", str(path), "--engine", "reference"], capsys)
+    assert err == f"error: {path}: fingerprint does not match: engine: profile 'sglang', actual 'reference'"

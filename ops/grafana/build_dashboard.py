@@ -78,8 +78,8 @@ def speculation_row() -> list:
               query(f"dspark:draft_acceptance:ratio_rate15m{{{SEL}}}", "{{instance}} draft acceptance 15m"),
               query(f"dspark:draft_acceptance:ratio_rate1d{{{SEL}}}", "{{instance}} draft acceptance 1d")),
         graph("Verify tokens and draft budget per step", "Mean verify tokens (requests + verified drafts) "
-              "and the planner's draft budget per decode step; the share of steps that verified every "
-              "draft for want of an SPS table", "short",
+              "and the planner's draft budget per decode step; the share of the last 10 minutes the "
+              "planner verified every draft for want of an SPS table (table source flat)", "short",
               query(rate_mean("sglang_dspark_verify_tokens"), "{{instance}} verify tokens"),
               query(rate_mean("sglang_dspark_verify_budget"), "{{instance}} budget"),
               query(f"dspark:verify_all_fallback:ratio_rate10m{{{SEL}}}", "{{instance}} verify-all share")),
@@ -98,8 +98,9 @@ def sps_row() -> list:
               query(f"sglang_dspark_sps_prediction_error{{{SEL}}}", "{{instance}} last 100 steps"))
         .thresholds(dashboard.ThresholdsConfig().mode(ThresholdsMode.ABSOLUTE).steps(
             [Threshold(value=None, color="green"), Threshold(value=0.25, color="red")])),
-        graph("SPS table source and age", "Which table the planner reads (1 = in use; flat verifies every "
-              "draft) and the seconds since it was last fitted (reference server)", "short",
+        graph("SPS table source and age", "Which table the planner reads (1 = in use; flat: none, every "
+              "draft verified; both engines) and the seconds since it was last fitted (reference server)",
+              "short",
               query(f"max by (instance, source) (sglang_dspark_sps_table_source{{{SEL}}})",
                     "{{instance}} {{source}}"),
               query(f"sglang_dspark_sps_table_age_seconds{{{SEL}}}", "{{instance}} age (s)"),

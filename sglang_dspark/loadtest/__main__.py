@@ -12,17 +12,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from sglang_dspark.help_format import EXIT_BAD_INPUT, OneLineErrorParser
 from sglang_dspark.loadtest.report import add_report_parser
 from sglang_dspark.loadtest.run import RunFailed, add_run_parser
 
-EXIT_FAILED, EXIT_BAD_INPUT = 1, 2
-
-
-class OneLineErrorParser(argparse.ArgumentParser):
-    """argparse's errors as one line (no usage block), like every other failure of this command."""
-
-    def error(self, message: str):
-        self.exit(EXIT_BAD_INPUT, f"error: {message} (see --help)\n")
+EXIT_FAILED = 1
 
 
 def build_parser() -> argparse.ArgumentParser:

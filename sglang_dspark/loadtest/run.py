@@ -83,8 +83,15 @@ def _flag(flag: str, parse, text: str):
         raise ValueError(f"{flag}: {exc}") from None
 
 
+def _profile_tiers(path: Path) -> list[Tier]:
+    try:
+        return profile_tiers(path)
+    except ValueError as exc:  # "<file>: <reason>", named after the flag it came from
+        raise ValueError(f"--profile {exc}") from None
+
+
 def _tiers(args) -> list[Tier]:
-    tiers = [parse_tier(t) for t in args.tier] if args.tier else profile_tiers(args.profile) if args.profile else []
+    tiers = [parse_tier(t) for t in args.tier] if args.tier else _profile_tiers(args.profile) if args.profile else []
     if len({t.name for t in tiers}) != len(tiers):
         raise ValueError(f"tiers: a name appears twice ({', '.join(t.name for t in tiers)})")
     return tiers

@@ -37,6 +37,10 @@ def parse_tier(spec: str) -> Tier:
 def profile_tiers(path: str | Path) -> list[Tier]:
     try:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a text file (expected an SLA profile YAML)") from None
     except yaml.YAMLError as exc:
         raise ValueError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
     rows = data.get("sla_tiers") if isinstance(data, dict) else None

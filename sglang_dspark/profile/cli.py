@@ -8,7 +8,8 @@
     refit         FILE [--out FILE]                      the tables again from the measurements
     set-sts       FILE (--sts JSON | --clear)            embed or remove the drafter's STS
 
-Errors are one line on stderr, `error: <file>: <reason naming the field>`, exit status 2.
+Errors are one line on stderr, `error: <file or flag>: <reason naming the field>`, exit status 2
+(argparse's usage errors too).
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ import socket
 import sys
 from pathlib import Path
 
-from sglang_dspark.help_format import DefaultsHelpFormatter
+from pydantic import ValidationError
+
+from sglang_dspark.core.schema import error_line
+from sglang_dspark.help_format import DefaultsHelpFormatter, OneLineErrorParser
 from sglang_dspark.profile.schema import ProfileError, SlaProfile, SlaTier
 
 EXIT_ERROR = 2
@@ -41,6 +45,48 @@ def _csv(kind):
     return parse
 
 
+def _cannot(subject, exc: OSError, verb: str) -> ProfileError:
+    """`<subject>: cannot <verb> (<the OS's reason>)`: an OSError as one line naming the flag and file."""
+    return ProfileError(f"{subject}: cannot {verb} ({exc.strerror or ' '.join(str(exc).split())})")
+
+
+def _save(profile: SlaProfile, path: Path, flag: str | None = "--out") -> None:
+    """`flag` names where the path came from (None: the profile's own FILE, written in place)."""
+    try:
+        profile.save(path)
+    except OSError as exc:
+        raise _cannot(f"{flag} {path}" if flag else str(path), exc, "write") from None
+
+
+def _load_sts(path: Path):
+    """The STS calibration JSON of `--sts`; ProfileError naming the flag and the file."""
+    from sglang_dspark.core.calibration import StsCalibration
+
+    try:
+        return StsCalibration.load(path)
+    except OSError as exc:
+        raise _cannot(f"--sts {path}", exc, "read") from None
+    except ValidationError as exc:
+        raise ProfileError(f"--sts {path}: not an STS calibration JSON: {error_line(exc)}") from None
+
+
+def _require_dir(flag: str, path) -> None:
+    """A model directory to hash: a hub id or a mistyped path is refused by name, not reported as a
+    fingerprint mismatch."""
+    p = Path(path)
+    if not p.exists():
+        raise ProfileError(f"{flag} {path}: no such directory (the content hash needs the local model directory)")
+    if not p.is_dir():
+        raise ProfileError(f"{flag} {path}: not a directory")
+
+
+def _at_least(**values_and_minimums) -> None:
+    """`flag_name=(value, minimum)`; ProfileError `--flag-name V: must be >= M` for the first below."""
+    for dest, (value, low) in values_and_minimums.items():
+        if value < low:
+            raise ProfileError(f"--{dest.replace('_', '-')} {value}: must be >= {low}")
+
+
 # -- validate ------------------------------------------------------------------------------------
 def _add_validate(sub) -> None:
     p = sub.add_parser("validate", formatter_class=HELP,
@@ -52,7 +98,10 @@ def _add_validate(sub) -> None:
                                                   "library versions against the fingerprint")
     p.add_argument("--draft", metavar="DIR", help="drafter directory: check its content hash and gamma against the "
                                                   "fingerprint")
-    p.add_argument("--engine", choices=("reference", "sglang"), help="also require the profile to be for this engine")
+    p.add_argument("--engine", choices=("reference", "sglang"),
+                   help="also require the profile to be for this engine; alone (without --model / --draft) it "
+                        "compares only the engine, not this machine's hardware or library versions, so it runs "
+                        "anywhere, e.g. on a workstation before a fleet rollout")
     p.set_defaults(func=_run_validate)
 
 
@@ -60,12 +109,18 @@ def _run_validate(args) -> int:
     from sglang_dspark.profile.fingerprint import check, require_match
 
     profile = SlaProfile.load(args.file)
-    if args.model or args.draft or args.engine:
-        fp = profile.fingerprint
+    fp = profile.fingerprint
+    for flag, d in (("--model", args.model), ("--draft", args.draft)):
+        if d is not None:
+            _require_dir(flag, d)
+    if args.model or args.draft:  # this machine and these directories: hardware, versions, hashes, engine
         lines = check(profile, engine=args.engine or fp.engine, target_dir=args.model, draft_dir=args.draft,
                       tp=fp.tp, dp=fp.dp)
         require_match(str(args.file), lines, force=False)
-    checked = " (fingerprint matches)" if args.model or args.draft else ""
+    elif args.engine and fp.engine != args.engine:
+        require_match(str(args.file), [f"engine: profile {fp.engine!r}, actual {args.engine!r}"], force=False)
+    checked = (" (fingerprint matches)" if args.model or args.draft
+               else f" (engine {args.engine} matches)" if args.engine else "")
     print(f"ok {args.file}: {profile.summary()}{checked}")
     return 0
 
@@ -82,7 +137,11 @@ def _add_export(sub) -> None:
 
 
 def _run_export(args) -> int:
-    sps, sts = SlaProfile.load(args.file).export_sglang(args.out)
+    profile = SlaProfile.load(args.file)
+    try:
+        sps, sts = profile.export_sglang(args.out)
+    except OSError as exc:
+        raise _cannot(f"--out {args.out}", exc, "write") from None
     print(f"--speculative-dspark-sps-table-path {sps}")
     if sts is not None:
         print(f"--speculative-dspark-confidence-sts-path {sts}")
@@ -110,7 +169,7 @@ def _run_refit(args) -> int:
     section = fit_section(profile.sps.measurements, profile.sps.cost.max_batch_tokens,
                           skips_drafter_at_budget_0=profile.fingerprint.engine == "reference")
     out = args.out or args.file
-    profile.replaced(sps=section).save(out)
+    _save(profile.replaced(sps=section), out, "--out" if args.out else None)
     plot_profile(section.measurements, section.table(), out.with_suffix(".png"), f"SPS(B): {profile.name}")
     print(f"refitted {out} ({len(section.measurements)} measurements) and {out.with_suffix('.png')}")
     return 0
@@ -131,12 +190,10 @@ def _add_set_sts(sub) -> None:
 
 
 def _run_set_sts(args) -> int:
-    from sglang_dspark.core.calibration import StsCalibration
-
     profile = SlaProfile.load(args.file)
-    sts = None if args.clear else StsCalibration.load(args.sts)
+    sts = None if args.clear else _load_sts(args.sts)
     updated = profile.replaced(sts=sts)  # the profile's checks run before anything is written
-    updated.save(args.out or args.file)
+    _save(updated, args.out or args.file, "--out" if args.out else None)
     print(f"{args.out or args.file}: " + ("STS removed" if sts is None else f"STS temperatures {sts.temperatures}"))
     return 0
 
@@ -153,13 +210,14 @@ def _add_capture(sub) -> None:
     p.add_argument("--name", help="profile name (default: the file stem of --out)")
     p.add_argument("--requests", type=_csv(int), default=[1, 2, 4, 8, 16], metavar="R,R,...",
                    help="batch sizes R to probe")
-    p.add_argument("--points", type=int, default=9, help="budgets probed per batch size (all of 0..R*G when fewer)")
-    p.add_argument("--warmup", type=int, default=2, help="unmeasured steps before each probe")
-    p.add_argument("--repeats", type=int, default=3, help="measured steps per probe in each round")
+    p.add_argument("--points", type=int, default=9,
+                   help="budgets probed per batch size, >= 2 (all of 0..R*G when fewer)")
+    p.add_argument("--warmup", type=int, default=2, help="unmeasured steps before each probe (>= 0)")
+    p.add_argument("--repeats", type=int, default=3, help="measured steps per probe in each round (>= 1)")
     p.add_argument("--rounds", type=int, default=3,
-                   help="passes over all probes, each in a new random order; a probe's median pools its "
+                   help="passes over all probes (>= 1), each in a new random order; a probe's median pools its "
                         "rounds x repeats samples, so slow drift of a shared host averages out")
-    p.add_argument("--prompt-tokens", type=int, default=128, help="context length of the probe requests")
+    p.add_argument("--prompt-tokens", type=int, default=128, help="context length of the probe requests (>= 1)")
     p.add_argument("--sts", type=Path, help="STS calibration JSON (SGLang format) to embed in the profile")
     p.add_argument("--tier", action="append", default=[], metavar="NAME:TOK_S:TTFT_S:CONCURRENCY",
                    help="SLA tier to record, e.g. interactive:20:2:4 (repeatable)")
@@ -172,7 +230,6 @@ def _run_capture(args) -> int:
     from tqdm import tqdm
 
     from sglang_dspark import zoo
-    from sglang_dspark.core.calibration import StsCalibration
     from sglang_dspark.engine.engine import EngineConfig
     from sglang_dspark.engine.factory import build_engine
     from sglang_dspark.profile.capture import budget_grid, capture
@@ -184,6 +241,9 @@ def _run_capture(args) -> int:
     requests = sorted(set(args.requests))
     if not requests or requests[0] < 1:
         raise ProfileError(f"--requests: need batch sizes >= 1, got {args.requests}")
+    # budget_grid needs two points (both ends); --prompt-tokens 0 would silently mean the whole prompt
+    _at_least(points=(args.points, 2), warmup=(args.warmup, 0), repeats=(args.repeats, 1),
+              rounds=(args.rounds, 1), prompt_tokens=(args.prompt_tokens, 1))
     try:
         model_dir = zoo.resolve_model(args.model, args.cache_dir)
     except zoo.ZooError as exc:
@@ -192,8 +252,10 @@ def _run_capture(args) -> int:
     if draft_dir is None:
         raise ProfileError(f"--model {args.model}: no shipped drafter matches this target; pass --draft DIR "
                            f"(shipped: {zoo.describe_shipped_drafters()})")
+    if args.draft is not None:
+        _require_dir("--draft", args.draft)
     tiers = [SlaTier.parse(spec) for spec in args.tier]
-    sts = StsCalibration.load(args.sts) if args.sts else None
+    sts = _load_sts(args.sts) if args.sts else None
     engine = build_engine(model_dir, draft_dir, config=EngineConfig(mode="scheduled", max_running=max(requests),
                                                                     seed=args.seed))
     chat = engine.tokenizer.apply_chat_template(
@@ -211,7 +273,7 @@ def _run_capture(args) -> int:
         sps=section, sts=sts, sla_tiers=tiers,
         provenance=Provenance(command=_command_line(), date=utc_now(), repeats=args.repeats, warmup=args.warmup,
                               host=socket.gethostname(), rounds=args.rounds, source="capture"))
-    profile.save(args.out)
+    _save(profile, args.out)
     plot_profile(section.measurements, section.table(), args.out.with_suffix(".png"),
                  f"SPS(B) of the reference engine: {profile.name} (dashed: additive fit)")
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}: {len(section.measurements)} probes")
@@ -259,7 +321,7 @@ def _run_capture_http(args) -> int:
         warmup_steps=args.warmup_steps, min_samples=args.min_samples, step_field=args.step_field,
         tiers=[SlaTier.parse(t) for t in args.tier], hardware=args.hardware, timeout=args.timeout,
         command=_command_line(), api_key=args.api_key)
-    profile.save(args.out)
+    _save(profile, args.out)
     print(f"wrote {args.out}: {profile.summary()}")
     return 0
 
@@ -286,7 +348,7 @@ def _run_snapshot(args) -> int:
 
     profile = snapshot(args.base_url, name=args.name or args.out.stem, tiers=[SlaTier.parse(t) for t in args.tier],
                        command=_command_line(), timeout=args.timeout, api_key=args.api_key)
-    profile.save(args.out)
+    _save(profile, args.out)
     plot_profile(profile.sps.measurements, profile.sps_table(), args.out.with_suffix(".png"),
                  f"SPS(B) learned online: {profile.name} (dashed: the learned table)")
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}: {profile.summary()}")
@@ -295,8 +357,8 @@ def _run_snapshot(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     lines = __doc__.splitlines()
-    parser = argparse.ArgumentParser(prog="python -m sglang_dspark.profile", description=lines[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog="\n".join(lines[2:]))
+    parser = OneLineErrorParser(prog="python -m sglang_dspark.profile", description=lines[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog="\n".join(lines[2:]))
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress (INFO level)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_capture, _add_capture_http, _add_snapshot, _add_validate, _add_export, _add_refit, _add_set_sts):
@@ -310,6 +372,13 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
-    except (ProfileError, ValueError, OSError) as exc:
+    except OSError as exc:  # one not caught where its flag is known: name the file, not the errno
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"error: {where}{exc.strerror or ' '.join(str(exc).split())}", file=sys.stderr)
+        return EXIT_ERROR
+    except ValidationError as exc:
+        print(f"error: {error_line(exc)}", file=sys.stderr)
+        return EXIT_ERROR
+    except (ProfileError, ValueError) as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_ERROR

@@ -8,6 +8,11 @@ and each concurrency c, it runs c concurrent `/generate` requests (`ignore_eos`,
 (`internal_states[0].dspark_info_record.records[i]`: `bs`, `num_verify_tokens` and the step time).
 Records are keyed by what they report, so the mix of batch sizes a level happens to produce is
 fine. Every loop is bounded: a fixed number of levels, requests and HTTP timeouts.
+
+Everything that can be checked before the sweep is (the flags, `--model` / `--draft` hashed, the
+server reachable and recording), so a bad input fails in seconds rather than after the load. The
+fingerprint's torch / SGLang versions are the server's where its /server_info reports them (SGLang's
+"version"; our reference server's `dspark_fingerprint`), else this client's, with a warning.
 """
 
 from __future__ import annotations
@@ -20,9 +25,11 @@ from pathlib import Path
 
 import httpx
 
-from sglang_dspark.profile.fingerprint import draft_gamma, fingerprint_for
+from sglang_dspark.profile.fingerprint import dir_sha256, draft_gamma, fingerprint_for, library_versions
 from sglang_dspark.profile.measure import fit_section, summarize
-from sglang_dspark.profile.schema import ENGINES, SCHEMA_VERSION, ProfileError, Provenance, SlaProfile, utc_now
+from sglang_dspark.profile.schema import (
+    ENGINES, SCHEMA_VERSION, Fingerprint, ProfileError, Provenance, SlaProfile, utc_now,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +80,44 @@ def dspark_record(info: dict) -> dict:
     return rec
 
 
+def model_dir_sha256(flag: str, path: str) -> str:
+    """The content hash of a model directory given as `flag`, refused by name when it is not one
+    (a hub id, a typo): checked before any load is driven."""
+    p = Path(path)
+    if not p.is_dir():
+        raise ProfileError(f"{flag} {path}: not a local directory (a hub id cannot be hashed: give the directory "
+                           "the server loaded)")
+    if not (p / "config.json").is_file():
+        raise ProfileError(f"{flag} {path}: no config.json, not a model directory")
+    try:
+        return dir_sha256(p)
+    except OSError as exc:
+        raise ProfileError(f"{flag} {path}: cannot read ({exc.strerror or exc})") from None
+
+
+def server_versions(info: dict, engine: str) -> tuple[str, str | None]:
+    """(torch, sglang) versions of the server: SGLang's /server_info reports its own "version" (not
+    torch's); our reference server reports both in `dspark_fingerprint` when launched with a drafter.
+    What the server does not report is this client's, with a warning: the server may run others."""
+    client_torch, client_sglang = library_versions()
+    reported = info.get("dspark_fingerprint") if isinstance(info.get("dspark_fingerprint"), dict) else {}
+    torch_version = reported.get("torch") if isinstance(reported.get("torch"), str) else None
+    if engine == "sglang" and isinstance(info.get("version"), str):
+        sglang_version, sglang_known = info["version"], True
+    elif "sglang" in reported and (reported["sglang"] is None or isinstance(reported["sglang"], str)):
+        sglang_version, sglang_known = reported["sglang"], True
+    else:
+        sglang_version, sglang_known = client_sglang, False
+    if torch_version is None:
+        torch_version = client_torch
+        logger.warning("the server's /server_info reports no torch version: the fingerprint records this "
+                       "client's (torch %s); correct fingerprint.torch if the server runs another", client_torch)
+    if not sglang_known:
+        logger.warning("the server's /server_info reports no SGLang version: the fingerprint records this "
+                       "client's (sglang %s); correct fingerprint.sglang if the server runs another", client_sglang)
+    return torch_version, sglang_version
+
+
 def step_samples(records: list[dict], step_field: str | None = None) -> dict[tuple[int, int], list[float]]:
     """Step times (ms) keyed by (bs, num_verify_tokens); malformed records are skipped."""
     samples: dict[tuple[int, int], list[float]] = defaultdict(list)
@@ -120,10 +165,23 @@ def capture_http(base_url: str, *, name: str, model: str | None = None, draft: s
                  min_samples: int = 3, step_field: str | None = None, tiers=(), hardware: str | None = None,
                  command: str = "", timeout: float = 120.0, api_key: str | None = None) -> SlaProfile:
     """Drive load against `base_url` and build the profile (not saved)."""
-    if not fractions or any(not 0.0 <= f <= 1.0 for f in fractions):
-        raise ProfileError(f"--fractions: need values in [0, 1], got {list(fractions)}")
+    if not fractions or any(not 0.0 < f <= 1.0 for f in fractions):
+        raise ProfileError(f"--fractions: need values in (0, 1] (SGLang refuses 0), got {list(fractions)}")
     if not concurrencies or any(c < 1 for c in concurrencies):
         raise ProfileError(f"--concurrency: need values >= 1, got {list(concurrencies)}")
+    for flag, value, low in (("--max-new-tokens", max_new_tokens, 1), ("--warmup-steps", warmup_steps, 0),
+                             ("--min-samples", min_samples, 1)):
+        if value < low:
+            raise ProfileError(f"{flag} {value}: must be >= {low}")
+    if not timeout > 0:
+        raise ProfileError(f"--timeout {timeout}: must be > 0")
+    # hashed now, not after the sweep: a hub id or a typo fails before minutes of load
+    hashes = {flag: model_dir_sha256(flag, d) if d is not None else UNKNOWN_HASH
+              for flag, d in (("--model", model), ("--draft", draft))}
+    for flag, d in (("--model", model), ("--draft", draft)):
+        if d is None:
+            logger.warning("no %s given: the profile records its hash as %r, so launch --profile refuses it "
+                           "without --force-profile", flag, UNKNOWN_HASH)
     client = ServerClient(base_url, timeout, api_key)
     try:
         info = client.call("GET", "/server_info")
@@ -136,6 +194,7 @@ def capture_http(base_url: str, *, name: str, model: str | None = None, draft: s
         engine = info.get("engine") if info.get("engine") in ENGINES else "sglang"
         max_running = info.get("max_running_requests")
         max_running = max_running if isinstance(max_running, int) else None
+        torch_version, sglang_version = server_versions(info, engine)
         records = drive_load(client, fractions=fractions, concurrencies=concurrencies, max_new_tokens=max_new_tokens,
                              prompt=prompt, warmup_steps=warmup_steps, max_concurrency=max_running)
     finally:
@@ -146,13 +205,10 @@ def capture_http(base_url: str, *, name: str, model: str | None = None, draft: s
                            "drive more load or lower --min-samples")
     section = fit_section(rows, max_running * (gamma + 1) if max_running else 0,
                           skips_drafter_at_budget_0=engine == "reference")
-    for flag, d in (("--model", model), ("--draft", draft)):
-        if d is None:
-            logger.warning("no %s given: the profile records its hash as %r, so launch --profile refuses it "
-                           "without --force-profile", flag, UNKNOWN_HASH)
     fp = fingerprint_for(engine=engine, target_dir=model, draft_dir=draft, gamma=gamma,
                          tp=int(info.get("tp_size") or 1), dp=int(info.get("dp_size") or 1), hardware=hardware,
-                         target_sha256=None if model else UNKNOWN_HASH, draft_sha256=None if draft else UNKNOWN_HASH)
+                         target_sha256=hashes["--model"], draft_sha256=hashes["--draft"])
+    fp = Fingerprint.model_validate({**fp.model_dump(), "torch": torch_version, "sglang": sglang_version})
     return SlaProfile(
         version=SCHEMA_VERSION, name=name, fingerprint=fp, sps=section, sla_tiers=list(tiers),
         provenance=Provenance(command=command, date=utc_now(), repeats=min(r.repeats for r in rows),

@@ -4,13 +4,12 @@ line per check and exits 1 when the plugin would not register (SGLang then runs 
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import warnings
 from importlib import metadata
 
-from sglang_dspark.help_format import DefaultsHelpFormatter
+from sglang_dspark.help_format import DefaultsHelpFormatter, OneLineErrorParser
 from sglang_dspark.sglang_plugin import check, targets
 
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
@@ -18,8 +17,8 @@ NAME = "sglang_dspark"
 
 
 def main(argv: list[str] | None = None) -> int:
-    argparse.ArgumentParser(prog="python -m sglang_dspark.sglang_plugin", description=__doc__.split("\n\n")[0],
-                            formatter_class=DefaultsHelpFormatter).parse_args(argv)
+    OneLineErrorParser(prog="python -m sglang_dspark.sglang_plugin", description=__doc__.split("\n\n")[0],
+                       formatter_class=DefaultsHelpFormatter).parse_args(argv)
     problems = []
     warnings.filterwarnings("ignore", category=UserWarning, module=r"sglang\.")  # "no CUDA here" notes on import
     reason = check()

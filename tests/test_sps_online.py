@@ -127,3 +127,26 @@ def test_snapshot_shape_keeps_consistent_steps_only():
 def test_additive_table_validation_still_applies():
     with pytest.raises(ValueError, match="bias_seconds"):
         SpsAdditiveCostTable(bias_seconds=0.0, bs_probes=[1], alpha_seconds=[0.0], m_probes=[1], theta_seconds=[0.0])
+
+
+def test_drafted_prices_of_a_prior_follow_this_hosts_drafted_steps_at_once():
+    """Hosts differ in what a draft costs relative to a plain step, not only in speed: the prior's
+    drafted prices get their own scale, and each of the first drafted steps refits the table at
+    once, so one probe corrects what the planner believes drafting costs."""
+    from sglang_dspark.core.sps_fit import fit_step_table
+
+    prior_rows = [(r, b, b > r, 0.040 + 0.002 * (b - r) + (0.010 if b > r else 0.0))
+                  for r in (1, 2, 4) for b in range(r, 8 * r + 1)]
+    r, b, d, s = zip(*prior_rows)
+    est = OnlineSpsEstimator(prior=SpsTable(*fit_step_table(r, b, s, d)))
+    for _ in range(20):  # this host runs plain steps at the prior's speed
+        est.observe(1, 1, False, 0.040)
+    before = 1.0 / est.table()(2, num_requests=1)
+    assert before == pytest.approx(0.052, rel=0.1)
+    est.observe(1, 2, True, 0.080)  # but a drafted step costs 2x a plain one here, not 1.3x
+    assert est.refit_due  # the first drafted step refits before the 16-step interval is up
+    after = 1.0 / est.table()(2, num_requests=1)
+    assert after == pytest.approx(0.080, rel=0.15)
+    assert est.prior_scale == pytest.approx(1.0, rel=0.05)
+    assert est.prior_draft_scale == pytest.approx(0.080 / 0.052, rel=0.1)
+    assert 1.0 / est.table()(1, num_requests=1, drafted=False) == pytest.approx(0.040, rel=0.05)

@@ -17,8 +17,10 @@ a step whose time is more than `outlier_mads` robust deviations from the fit is 
 refit (one stall does not move the table).
 Before any drafted step has been seen the table prices drafting as prohibitive, so a planner on it
 starts target-only; a `prior` table (a profile, possibly from other hardware) fills what the steps
-have not covered yet, scaled by the median measured / prior ratio, with the weight of
-`prior_weight` steps in all.
+have not covered yet, with the weight of `prior_weight` steps in all: its undrafted prices scaled by
+the median measured / prior ratio of undrafted steps, its drafted prices by that of drafted steps
+(hosts differ in both: an Intel and an AMD CPU with the same BLAS priced a 2-token verify at 1.45x
+and 2x a 1-token step); the first steps, and the first few drafted ones, each trigger a refit.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from sglang_dspark.core.sps_fit import fit_step_table
 
 PROHIBITIVE_SECONDS = 10.0  # what a drafted step costs in a table that has never seen one
 HOST_WINDOW = 33  # steps over which the host's speed (measured / fitted) is taken as constant
+EAGER_DRAFTED_REFITS = 8  # up to this many drafted samples held, each one refits the table at once
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,9 @@ class OnlineSpsEstimator:
         self.steps = 0  # steps observed, ever
         self.refits = 0
         self.fitted_at = -1  # self.steps at the last refit
-        self.prior_scale = 1.0  # measured / prior, the last refit's
+        self.prior_scale = 1.0  # measured / prior for undrafted steps, the last refit's
+        self.prior_draft_scale = 1.0  # the same for drafted steps (the undrafted one until one is seen)
+        self._drafted_at_fit = 0  # drafted samples held at the last refit
         self._table: SpsTable | None = None
         self._drafted_by_r: Counter[int] = Counter()  # drafted samples held, per batch size
 
@@ -86,7 +91,12 @@ class OnlineSpsEstimator:
     # ---- reading -----------------------------------------------------------------------------
     @property
     def refit_due(self) -> bool:
-        return self._table is None or self.steps - self.fitted_at >= self.refit_every
+        # The first `refit_every` steps and the first few drafted ones each refit at once (small,
+        # cheap fits): they tell the planner within a step what this host's plain and drafted steps
+        # cost, before it bets on a prior measured elsewhere.
+        drafted = sum(self._drafted_by_r.values())
+        return (self._table is None or self.steps - self.fitted_at >= self.refit_every
+                or self.steps <= self.refit_every or self._drafted_at_fit < drafted <= EAGER_DRAFTED_REFITS)
 
     def table(self) -> SpsTable | None:
         """The current table (refit after every `refit_every` new steps); None before any step."""
@@ -97,6 +107,7 @@ class OnlineSpsEstimator:
     # A caller whose thread must not wait for a fit (SGLang's scheduler) takes a snapshot there,
     # fits it elsewhere, and adopts the result: `adopt(fit(snapshot()), steps_at_snapshot)`.
     def snapshot(self) -> list[StepSample]:
+        self._drafted_at_fit = sum(self._drafted_by_r.values())  # what the coming fit will have seen
         return list(self.samples)
 
     def adopt(self, table: SpsTable | None, steps: int) -> None:
@@ -115,7 +126,7 @@ class OnlineSpsEstimator:
         if not samples and self.prior is None:
             return None
         if self.prior is not None:
-            self.prior_scale = self._prior_scale(samples)
+            self.prior_scale, self.prior_draft_scale = self._prior_scales(samples)
         elif not any(s.drafted for s in samples):
             return untested_table(self._undrafted_costs(samples))
         r = [s.num_requests for s in samples]
@@ -129,7 +140,7 @@ class OnlineSpsEstimator:
                 r.append(pr)
                 b.append(pb)
                 d.append(drafted)
-                y.append(self.prior_scale / self.prior(pb, pr, drafted=drafted))
+                y.append((self.prior_draft_scale if drafted else self.prior_scale) / self.prior(pb, pr, drafted=drafted))
                 w.append(self.prior_weight / len(grid))
         n = len(samples)
         if n < 16:
@@ -169,14 +180,20 @@ class OnlineSpsEstimator:
         smooth = isotonic_regression(np.array(medians), weights=np.array(totals), increasing=True).x
         return dict(zip(rs, smooth.tolist()))
 
-    def _prior_scale(self, samples) -> float:
-        """How much slower (> 1) or faster this host runs than the prior says: the weighted median
-        of measured / prior over the recent steps."""
+    def _prior_scales(self, samples) -> tuple[float, float]:
+        """How much slower (> 1) or faster this host runs than the prior says, for undrafted and
+        for drafted steps: weighted medians of measured / prior over the recent steps of each kind
+        (all steps stand in for a kind with none)."""
         if not samples:
-            return self.prior_scale
+            return self.prior_scale, self.prior_draft_scale
         r, b, d, y = (np.array([getattr(s, f) for s in samples])
                       for f in ("num_requests", "batch_tokens", "drafted", "seconds"))
-        return _weighted_median(y / self.prior.seconds_at(r, b, d), self._weights(samples))
+        ratio, weights = y / self.prior.seconds_at(r, b, d), self._weights(samples)
+        scales = []
+        for kind in (~d, d):
+            chosen = kind if kind.any() else np.ones_like(d)
+            scales.append(_weighted_median(ratio[chosen], weights[chosen]))
+        return scales[0], (scales[1] if d.any() else scales[0])
 
     # ---- for a profile snapshot --------------------------------------------------------------
     def step_times(self) -> dict[tuple[int, int], list[float]]:

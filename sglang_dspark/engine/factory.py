@@ -11,14 +11,16 @@ import torch
 from sglang_dspark.core.sps import SpsTable
 from sglang_dspark.engine.engine import Engine, EngineConfig
 from sglang_dspark.engine.target_model import TargetModel
-from sglang_dspark.engine.weight_layout import pack_drafter_for_cpu
+from sglang_dspark.engine.weight_layout import pack_drafter_for_cpu, tune_layouts
 
 logger = logging.getLogger(__name__)
 
 
-def load_models(model_dir, draft_dir=None, *, draft_vocab: bool = True):
+def load_models(model_dir, draft_dir=None, *, draft_vocab: bool = True, tune: bool = True):
     """(TargetModel, tokenizer, drafter or None): the drafter shares the target's embedding and
-    lm_head; with `draft_vocab` it drafts from its hot vocabulary when it ships one."""
+    lm_head; with `draft_vocab` it drafts from its hot vocabulary when it ships one. With `tune`,
+    the CPU weight layouts are timed on this host (engine/weight_layout.py; call after setting
+    torch's thread count, which changes the answer)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # directories only, never a hub
     from transformers import AutoTokenizer
 
@@ -30,6 +32,8 @@ def load_models(model_dir, draft_dir=None, *, draft_vocab: bool = True):
     if draft_dir is not None:
         drafter = load_drafter(draft_dir, target.embed_tokens, target.lm_head, draft_vocab=draft_vocab)
         pack_drafter_for_cpu(drafter)
+    if tune and target.embed_tokens.weight.device.type == "cpu":
+        tune_layouts([m for m in (target, drafter) if m is not None])
     return target, tokenizer, drafter
 
 

@@ -1,17 +1,26 @@
 """Weight layouts for the CPU GEMMs of decode and verify.
 
 `F.linear(x, W)` computes `x @ W.T`. With PyTorch's default [out, in] row-major weight, the CPU
-BLAS switches at 4 rows to a path that is 1.4-6x slower than a plain GEMM on the same numbers
-(M = 4..32 tokens: exactly the rows of batched decode and speculative verify). Stored input-major
-(W.T contiguous), the weight gets the plain path from 4 rows up, but 1-3 rows (single-request
-decode, short verifies) run up to 20 % slower than row-major does. So a packed Linear keeps both:
-row-major for 1-3 rows, input-major from 4 (benchmarks/target_forward.py measures both). Values,
-shapes and state-dict names are unchanged. The cost is a second copy of every Linear weight (538 MB
-for SmolLM2-135M in float32). GPU weights are left alone: there SGLang (or cuBLAS) chooses its
-own layout. The engine packs both models it runs, the target and the drafter.
+BLAS can switch at a few rows to a path several times slower than a plain GEMM on the same numbers
+(M = 2..32 tokens: exactly the rows of batched decode and speculative verify). Stored input-major
+(W.T contiguous), the weight gets the plain path, but at some row counts the row-major copy is
+faster. Which layout wins where depends on the CPU and its BLAS: on an Intel Xeon with MKL row-major
+won at 1-3 rows and lost from 4 (benchmarks/target_forward.py measures both); on an AMD EPYC with the
+same MKL the lm_head was slower row-major at 1-3 rows too, and a greedy 2-token verify cost about
+twice a 1-token step until the layouts were timed here (benchmarks/decode_speed.py, target-only at
+C = 1: 16.8 -> 21.5 tok/s on that host). So a
+packed Linear keeps both copies and a per-shape set of row counts that use the row-major one:
+rows 1-3 until `tune_layouts` has timed both layouts on this host. Values, shapes and state-dict names
+are unchanged. The cost is a second copy of every Linear weight (538 MB for SmolLM2-135M in float32).
+GPU weights are left alone: there SGLang (or cuBLAS) chooses its own layout. The engine packs both
+models it runs, the target and the drafter, and tunes them at load (engine/factory.py).
 """
-
 from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -27,19 +36,23 @@ def is_input_major(weight: torch.Tensor) -> bool:
     return weight.dim() == 2 and weight.t().is_contiguous()
 
 
-# The smallest row count at which the input-major copy is faster (measured on x86 with MKL).
-INPUT_MAJOR_MIN_ROWS = 4
+logger = logging.getLogger(__name__)
+
+# Until tuned on this host: the row counts that use the row-major copy (measured on an Intel Xeon, MKL).
+DEFAULT_ROW_MAJOR_ROWS = frozenset({1, 2, 3})
+TUNED_ROWS = 8  # tune_layouts times 1..8 rows; from 9 rows the input-major copy is used
 
 
 class DualLayoutLinear(nn.Linear):
-    """An nn.Linear whose weight is stored input-major, plus a row-major copy used below
-    INPUT_MAJOR_MIN_ROWS rows. Made by `pack_linears_for_cpu`, never constructed directly."""
+    """An nn.Linear whose weight is stored input-major, plus a row-major copy used at the row
+    counts in `row_major_rows`. Made by `pack_linears_for_cpu`, never constructed directly."""
 
     row_major_weight: torch.Tensor
+    row_major_rows: frozenset[int] = DEFAULT_ROW_MAJOR_ROWS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
-        weight = self.row_major_weight if rows < INPUT_MAJOR_MIN_ROWS else self.weight
+        weight = self.row_major_weight if rows in self.row_major_rows else self.weight
         return F.linear(x, weight, self.bias)
 
 
@@ -71,3 +84,44 @@ def pack_drafter_for_cpu(drafter) -> None:
         weight = getattr(drafter, name, None)
         if weight is not None and weight.device.type == "cpu":
             setattr(drafter, name, input_major(weight))
+
+
+def _time_linear(x: torch.Tensor, weight: torch.Tensor) -> float:
+    start = time.perf_counter()
+    F.linear(x, weight)
+    return time.perf_counter() - start
+
+
+@torch.no_grad()
+def tune_layouts(modules: Iterable[nn.Module], *, max_rows: int = TUNED_ROWS, reps: int = 5,
+                 timer: Callable[[torch.Tensor, torch.Tensor], float] = _time_linear) -> dict:
+    """Time both copies of each distinct packed weight shape in `modules` at 1..`max_rows` rows,
+    interleaved (one warm-up, medians of `reps`), and let every packed Linear of that shape use the
+    row-major copy exactly where it was faster. Returns {(out, in): row counts using row-major}.
+    `timer(x, weight)` -> seconds of one F.linear (tests inject one). About 1-2 s for SmolLM2-135M:
+    the lm_head dominates."""
+    by_shape: dict[tuple, list[DualLayoutLinear]] = {}
+    for module in modules:
+        for linear in module.modules():
+            if isinstance(linear, DualLayoutLinear):
+                by_shape.setdefault((linear.out_features, linear.in_features, linear.weight.dtype), []).append(linear)
+    chosen = {}
+    for (out, inn, dtype), linears in by_shape.items():
+        sample = linears[0]
+        row_major = set()
+        for rows in range(1, max_rows + 1):
+            x = torch.randn(rows, inn, dtype=dtype)
+            times = {"row": [], "input": []}
+            for i in range(reps + 1):
+                for name, weight in (("row", sample.row_major_weight), ("input", sample.weight)):
+                    seconds = timer(x, weight)
+                    if i:  # the first round warms both up
+                        times[name].append(seconds)
+            if statistics.median(times["row"]) < statistics.median(times["input"]):
+                row_major.add(rows)
+        for linear in linears:
+            linear.row_major_rows = frozenset(row_major)
+        chosen[(out, inn)] = frozenset(row_major)
+    logger.info("CPU weight layouts tuned: row-major at rows %s",
+                {f"{o}x{i}": sorted(r) for (o, i), r in chosen.items()})
+    return chosen

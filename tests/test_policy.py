@@ -95,3 +95,27 @@ def test_sources():
     assert SpeculationPolicy("scheduled", GAMMA, table).source == "profile"
     assert SpeculationPolicy("scheduled", GAMMA, None).source == "flat"
     assert SpeculationPolicy("full", GAMMA, None, learn=True).learner is None  # full mode verifies everything
+
+
+def test_a_seeded_prior_times_plain_steps_first_so_one_probe_prices_drafting_on_this_host():
+    """The prior (another host) prices a drafted step at 1.3x a plain one; here it costs 2x or more.
+    A learner times `warmup_steps` plain steps, then probes once; the probe's drafted price then
+    stands against this host's plain price, and no draft is planned on the prior's cheaper shape.
+    Probing at once instead (warmup 0), the probe alone scales both prices alike and the planner
+    bets on the prior's shape."""
+    from sglang_dspark.core.sps_fit import fit_step_table
+
+    rows = [(r, b, b > r, 0.040 * r ** 0.5 + (0.010 + 0.002 * (b - r) if b > r else 0.0))
+            for r in (1, 2, 4) for b in range(r, GAMMA * r + 1)]
+    r, b, d, s = zip(*rows)
+    prior = SpsTable(*fit_step_table(r, b, s, d))
+
+    def planned_drafts(warmup: int) -> tuple[list, int]:
+        policy = SpeculationPolicy("scheduled", GAMMA, prior, learn=True, seeded=True, warmup_steps=warmup)
+        plans, _ = run(policy, 40, accept=0.45, drafter_s=0.030, token_s=0.010)
+        return plans, sum(p.draft and not p.probe for p in plans)
+
+    plans, planned = planned_drafts(8)
+    assert not any(p.draft for p in plans[:8]) and plans[8].probe
+    assert planned == 0
+    assert planned_drafts(0)[1] > 0

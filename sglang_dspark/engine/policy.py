@@ -60,12 +60,13 @@ class SpeculationPolicy:
     def __init__(self, mode: str, gamma: int, sps: SpsTable | None, *, learn: bool = False, seeded: bool = False,
                  max_batch_tokens: int = 64, lag: int = 2, buckets: Sequence[int] = (),
                  sla_tok_s_per_user: float | None = None, probe_every: int = 32, probe_max: int = 256,
-                 explore_until: int = 3, clock: Callable[[], float] | None = None, guard: DraftingGuard | None = None):
+                 explore_until: int = 3, warmup_steps: int = 8, clock: Callable[[], float] | None = None, guard: DraftingGuard | None = None):
         if mode not in MODES:
             raise ValueError(f"mode: must be one of {MODES}, got {mode!r}")
         self.mode, self.gamma = mode, gamma
         self.sla_tok_s_per_user = sla_tok_s_per_user
         self.probe_every, self.probe_max, self.explore_until = probe_every, probe_max, explore_until
+        self.warmup_steps = warmup_steps
         self.clock = clock or (lambda: 0.0)
         self.learner = OnlineSpsEstimator(prior=sps) if learn and gamma and mode == "scheduled" else None
         if self.learner is not None:
@@ -109,8 +110,11 @@ class SpeculationPolicy:
         if trusted and self.planner.rows_observed == 0:
             # A table that may say drafting pays, and no confidence seen yet: the planner would count
             # every draft as sure to survive (SGLang's prior). Measure them first, with one probe (a
-            # learner also gets a drafted step time). Learning from nothing, the table itself says
-            # no until drafting has been measured.
+            # learner also gets a drafted step time). A learner first times `warmup_steps` plain
+            # steps, so that one probe prices drafting against this host's plain step, not the
+            # prior's. Learning from nothing, the table itself says no until drafting was measured.
+            if self.learner is not None and self.learner.steps < self.warmup_steps:
+                return NO_DRAFT
             self.probes += 1
             return DraftPlan(capacity=self._probe_budget(num), draft=True, probe=True)
         capacity = self.planner.capacity(request_ids)

@@ -71,14 +71,16 @@ def test_sampled_output_follows_the_target_distribution(learn, min_accepted):
     prompt; chi-square at ALPHA = 1e-3. Power: the same harness rejects a drafter whose reported
     probabilities are not the ones it sampled from (next test).
 
-    With `learn` the cuts come from a table refitted online from this engine's measured step times
-    (machine-dependent, changing as the run goes): still exact, because each step's capacity is a
+    With `learn` the cuts come from a table refitted online from this engine's step times (a tick
+    clock, so every machine measures the same times and drafting is really exercised; changing as
+    the run goes): still exact, because each step's capacity is a
     function of earlier steps only (their times and lagged confidences) and the allocation is
     top-K over this step's non-increasing survivals, so no draft's admission depends on itself."""
     hf = tiny_hf_target(peaky=12.0)
     for prompt in ([5, 9, 11], [7, 7, 30, 12, 4]):
         m2, m3 = exact_marginals(hf, prompt)
-        engine = tiny_engine("scheduled", hf=hf, sps=jagged_sps(), max_running=16, seed=len(prompt), learn_sps=learn)
+        engine = tiny_engine("scheduled", hf=hf, sps=jagged_sps(), max_running=16, seed=len(prompt), learn_sps=learn,
+                             clock=TickClock() if learn else None)
         t2, t3 = sample_tokens_2_and_3(engine, prompt, 4000, seed=0)
         assert chi2_pvalue(t2, m2) > ALPHA and chi2_pvalue(t3, m3) > ALPHA
         accepted = sum(r.accepted_drafts for r in engine.records)

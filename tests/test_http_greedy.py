@@ -5,7 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import torch
-from engine_fixtures import VOCAB, tiny_engine, tiny_hf_target
+from engine_fixtures import VOCAB, TickClock, tiny_engine, tiny_hf_target
 from loopback_server import serve_on_loopback
 
 from sglang_dspark.core.sps import SpsTable
@@ -31,7 +31,8 @@ def test_scheduled_greedy_equals_target_only_over_http():
     sps = SpsTable.from_points([1, 4, 8, 16, 32], [100.0, 95.0, 80.0, 60.0, 35.0], max_batch_tokens=64)
     results = {}
     for mode in ("target", "scheduled"):
-        engine = AsyncEngine(tiny_engine(mode, hf=hf, sps=sps, max_running=8))
+        # a tick clock: the learned table sees the same step times on every machine, and drafts
+        engine = AsyncEngine(tiny_engine(mode, hf=hf, sps=sps, max_running=8, clock=TickClock()))
         engine.start()
         try:
             with serve_on_loopback(create_app(engine)) as base:

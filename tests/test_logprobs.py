@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 import torch
-from engine_fixtures import OracleDrafter, greedy_reference, tiny_engine, tiny_hf_target
+from engine_fixtures import OracleDrafter, TickClock, greedy_reference, tiny_engine, tiny_hf_target
 from loopback_server import serve_on_loopback
 
 from sglang_dspark.core.sps import SpsTable
@@ -28,7 +28,8 @@ def hf():
 
 @pytest.fixture(scope="module", params=["target", "full", "scheduled"])
 def server(request, hf):
-    engine = tiny_engine(request.param, hf=hf, sps=SPS, max_running=4)
+    # a tick clock: the learned table sees the same step times on every machine, so scheduled drafts
+    engine = tiny_engine(request.param, hf=hf, sps=SPS, max_running=4, clock=TickClock())
     if engine.gamma:  # drafts the target accepts, so logprobs also come from the rows of accepted drafts
         engine.runner.drafter = OracleDrafter(engine.runner.drafter, PROMPT, greedy_reference(hf, PROMPT, 40))
     engine = AsyncEngine(engine)

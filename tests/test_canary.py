@@ -154,3 +154,19 @@ def _finish_reasons(server) -> dict[str, int]:
     text = server.engine.metrics.render().decode()
     return {s.labels["reason"]: int(s.value) for f in text_string_to_metric_families(text)
             if f.name == "sglang_dspark_requests_finished" for s in f.samples if s.name.endswith("_total")}
+
+
+def test_a_replay_cut_short_by_shutdown_is_not_a_mismatch():
+    """abort_all (shutdown, drain) ends a replay midway: that is no evidence either way, so it
+    counts neither as a replay nor as a mismatch."""
+    engine = tiny_engine("scheduled", hf=tiny_hf_target(), sps=FREE, max_running=4, learn_sps=False,
+                         canary_share=1.0, clock=TickClock())
+    greedy = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    run_to_completion(engine, _prompts(2), [greedy] * 2)
+    for _ in range(5):  # the replays start and emit a few tokens, not all 24
+        engine.step()
+    running = [r for r in engine.scheduler.running if r.replay_of is not None]
+    assert running and all(0 < len(r.output_ids) < 24 for r in running)
+    engine.abort_all()
+    assert engine.canary.mismatches == 0 and engine.canary.replays == 0
+    assert "sglang_dspark_canary_mismatches_total 0.0" in engine.metrics.render().decode()

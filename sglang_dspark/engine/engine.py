@@ -168,8 +168,8 @@ class Engine:
     def abort(self, request_id: str) -> None:
         req = self.scheduler.remove(request_id)
         if req is not None:
+            self.output.abort(req)  # first: releasing reads finish_reason (a cut replay is no mismatch)
             self._release(req)
-            self.output.abort(req)
 
     def abort_all(self) -> None:
         for req in [*self.scheduler.running, *self.scheduler.waiting]:

@@ -56,3 +56,19 @@ def dead_loopback_server():
         stop.set()
         thread.join(5)
         listener.close()
+
+
+@contextlib.contextmanager
+def serve_engine_on_loopback(engine):
+    """Run `engine` (an Engine) on its thread behind the HTTP app on a loopback port; yields
+    (AsyncEngine, base URL) and shuts both down on exit."""
+    from sglang_dspark.engine.async_engine import AsyncEngine
+    from sglang_dspark.server import create_app
+
+    client = AsyncEngine(engine)
+    client.start()
+    try:
+        with serve_on_loopback(create_app(client)) as base:
+            yield client, base
+    finally:
+        client.shutdown()

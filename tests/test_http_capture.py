@@ -9,25 +9,18 @@ import httpx
 import pytest
 
 from engine_fixtures import tiny_engine
-from loopback_server import dead_loopback_server, serve_on_loopback
-from sglang_dspark.engine.async_engine import AsyncEngine
+from loopback_server import dead_loopback_server, serve_engine_on_loopback
 from sglang_dspark.profile.cli import main as profile_main
 from sglang_dspark.profile.fingerprint import dir_sha256, library_versions
 from sglang_dspark.profile.http_capture import server_versions, step_samples
 from sglang_dspark.profile.measure import fit_section, summarize
 from sglang_dspark.profile.schema import SlaProfile
-from sglang_dspark.server import create_app
 
 
 @pytest.fixture(scope="module")
 def server():
-    engine = AsyncEngine(tiny_engine("scheduled", max_running=4))
-    engine.start()
-    try:
-        with serve_on_loopback(create_app(engine)) as base:
-            yield engine, base
-    finally:
-        engine.shutdown()
+    with serve_engine_on_loopback(tiny_engine("scheduled", max_running=4)) as served:
+        yield served
 
 
 @pytest.fixture

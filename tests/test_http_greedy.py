@@ -6,11 +6,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import torch
 from engine_fixtures import VOCAB, TickClock, tiny_engine, tiny_hf_target
-from loopback_server import serve_on_loopback
+from loopback_server import serve_engine_on_loopback
 
 from sglang_dspark.core.sps import SpsTable
-from sglang_dspark.engine.async_engine import AsyncEngine
-from sglang_dspark.server import create_app
 
 
 def completions(base: str, prompts: list[list[int]], concurrency: int) -> list[list[int]]:
@@ -32,14 +30,9 @@ def test_scheduled_greedy_equals_target_only_over_http():
     results = {}
     for mode in ("target", "scheduled"):
         # a tick clock: the learned table sees the same step times on every machine, and drafts
-        engine = AsyncEngine(tiny_engine(mode, hf=hf, sps=sps, max_running=8, clock=TickClock()))
-        engine.start()
-        try:
-            with serve_on_loopback(create_app(engine)) as base:
-                for concurrency in (1, 8):
-                    results[mode, concurrency] = completions(base, prompts, concurrency)
-        finally:
-            engine.shutdown()
+        with serve_engine_on_loopback(tiny_engine(mode, hf=hf, sps=sps, max_running=8, clock=TickClock())) as (engine, base):
+            for concurrency in (1, 8):
+                results[mode, concurrency] = completions(base, prompts, concurrency)
         if mode == "scheduled":
             assert sum(r.accepted_drafts for r in engine.engine.records) > 0  # the thread has stopped
     reference = results["target", 1]

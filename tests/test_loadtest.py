@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from loopback_server import dead_loopback_server
+from loopback_server import dead_loopback_server, serve_engine_on_loopback
 from sglang_dspark.loadtest.__main__ import main
 from sglang_dspark.loadtest.report import load_arms
 from sglang_dspark.loadtest.sse import read_sse
@@ -240,17 +240,9 @@ def reference_server():
     """The reference server (tiny engine) on a loopback port. The only place in this file that knows
     the engine and server API, so a change there is adapted here alone."""
     from engine_fixtures import tiny_engine
-    from loopback_server import serve_on_loopback
-    from sglang_dspark.engine.async_engine import AsyncEngine
-    from sglang_dspark.server import create_app
 
-    engine = AsyncEngine(tiny_engine("scheduled", max_running=8))
-    engine.start()
-    try:
-        with serve_on_loopback(create_app(engine)) as base:
-            yield base
-    finally:
-        engine.shutdown()
+    with serve_engine_on_loopback(tiny_engine("scheduled", max_running=8)) as (_, base):
+        yield base
 
 
 def sweep(base, out, *extra):

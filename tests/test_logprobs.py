@@ -9,11 +9,9 @@ import openai
 import pytest
 import torch
 from engine_fixtures import OracleDrafter, TickClock, greedy_reference, tiny_engine, tiny_hf_target
-from loopback_server import serve_on_loopback
+from loopback_server import serve_engine_on_loopback
 
 from sglang_dspark.core.sps import SpsTable
-from sglang_dspark.engine.async_engine import AsyncEngine
-from sglang_dspark.server import create_app
 
 PROMPT = [5, 9, 11, 30, 7]
 TOP = 4
@@ -32,13 +30,8 @@ def server(request, hf):
     engine = tiny_engine(request.param, hf=hf, sps=SPS, max_running=4, clock=TickClock())
     if engine.gamma:  # drafts the target accepts, so logprobs also come from the rows of accepted drafts
         engine.runner.drafter = OracleDrafter(engine.runner.drafter, PROMPT, greedy_reference(hf, PROMPT, 40))
-    engine = AsyncEngine(engine)
-    engine.start()
-    try:
-        with serve_on_loopback(create_app(engine)) as base:
-            yield request.param, base, engine
-    finally:
-        engine.shutdown()
+    with serve_engine_on_loopback(engine) as (client, base):
+        yield request.param, base, client
 
 
 def target_logprobs(hf, prompt: list[int], output: list[int]) -> torch.Tensor:

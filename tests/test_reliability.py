@@ -14,24 +14,18 @@ import httpx
 import pytest
 from drafter_fixtures import write_tiny_model_dirs
 from engine_fixtures import tiny_engine
-from loopback_server import serve_on_loopback
+from loopback_server import serve_engine_on_loopback
 from server_processes import free_port, start_reference_server, stop
 
 from sglang_dspark.engine.async_engine import AsyncEngine
-from sglang_dspark.server import create_app
 
 MAX_RUNNING = 4
 
 
 @pytest.fixture(scope="module")
 def server():
-    engine = AsyncEngine(tiny_engine("scheduled", max_running=MAX_RUNNING))
-    engine.start()
-    try:
-        with serve_on_loopback(create_app(engine)) as base:
-            yield engine, base
-    finally:
-        engine.shutdown()
+    with serve_engine_on_loopback(tiny_engine("scheduled", max_running=MAX_RUNNING)) as served:
+        yield served
 
 
 def _stream(base: str, max_tokens: int, stop_after: int | None = None) -> dict:

@@ -9,15 +9,13 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from drafter_fixtures import write_tiny_model_dirs
-from loopback_server import serve_on_loopback
+from loopback_server import serve_engine_on_loopback
 
 from sglang_dspark import launch
-from sglang_dspark.engine.async_engine import AsyncEngine
 from sglang_dspark.engine.engine import EngineConfig
 from sglang_dspark.engine.factory import build_engine
 from sglang_dspark.profile.cli import main as profile_main
 from sglang_dspark.profile.schema import SlaProfile
-from sglang_dspark.server import create_app
 
 
 @pytest.fixture(scope="module")
@@ -25,20 +23,16 @@ def learned_server(tmp_path_factory):
     target, draft = write_tiny_model_dirs(tmp_path_factory.mktemp("snap"))
     identity = launch._identity(target, draft)
     config = EngineConfig(mode="scheduled", max_running=4, max_len=200, probe_every=4)
-    engine = AsyncEngine(build_engine(target, draft, config=config, model_name="tiny", identity=identity))
-    engine.start()
-    try:
-        with serve_on_loopback(create_app(engine)) as base:
-            def one(i: int) -> None:
-                r = httpx.post(f"{base}/generate", json={"input_ids": [5 + i, 9, 11], "sampling_params": {
-                    "max_new_tokens": 48, "temperature": 0, "ignore_eos": True}}, timeout=120)
-                assert r.status_code == 200, r.text
+    engine = build_engine(target, draft, config=config, model_name="tiny", identity=identity)
+    with serve_engine_on_loopback(engine) as (_, base):
+        def one(i: int) -> None:
+            r = httpx.post(f"{base}/generate", json={"input_ids": [5 + i, 9, 11], "sampling_params": {
+                "max_new_tokens": 48, "temperature": 0, "ignore_eos": True}}, timeout=120)
+            assert r.status_code == 200, r.text
 
-            with ThreadPoolExecutor(4) as pool:  # several batch sizes, enough steps for probes
-                list(pool.map(one, range(8)))
-            yield target, draft, base
-    finally:
-        engine.shutdown()
+        with ThreadPoolExecutor(4) as pool:  # several batch sizes, enough steps for probes
+            list(pool.map(one, range(8)))
+        yield target, draft, base
 
 
 def test_server_info_reports_the_learned_table(learned_server):
@@ -71,13 +65,8 @@ def test_snapshot_validates_and_launch_uses_it(learned_server, tmp_path, capsys)
 def test_snapshot_refuses_servers_that_do_not_learn(tmp_path, capsys):
     from engine_fixtures import tiny_engine
 
-    engine = AsyncEngine(tiny_engine("full"))
-    engine.start()
-    try:
-        with serve_on_loopback(create_app(engine)) as base:
-            assert profile_main(["snapshot", "--base-url", base, "--out", str(tmp_path / "x.yaml")]) == 2
-    finally:
-        engine.shutdown()
+    with serve_engine_on_loopback(tiny_engine("full")) as (_, base):
+        assert profile_main(["snapshot", "--base-url", base, "--out", str(tmp_path / "x.yaml")]) == 2
     err = capsys.readouterr().err.strip()
     assert "does not learn its SPS table" in err and "\n" not in err
 

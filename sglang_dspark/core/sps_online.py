@@ -189,11 +189,9 @@ class OnlineSpsEstimator:
         r, b, d, y = (np.array([getattr(s, f) for s in samples])
                       for f in ("num_requests", "batch_tokens", "drafted", "seconds"))
         ratio, weights = y / self.prior.seconds_at(r, b, d), self._weights(samples)
-        scales = []
-        for kind in (~d, d):
-            chosen = kind if kind.any() else np.ones_like(d)
-            scales.append(_weighted_median(ratio[chosen], weights[chosen]))
-        return scales[0], (scales[1] if d.any() else scales[0])
+        undrafted, drafted = (_weighted_median(ratio[kind], weights[kind]) if kind.any()
+                              else _weighted_median(ratio, weights) for kind in (~d, d))
+        return undrafted, drafted
 
     # ---- for a profile snapshot --------------------------------------------------------------
     def step_times(self) -> dict[tuple[int, int], list[float]]:

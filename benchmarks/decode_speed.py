@@ -8,7 +8,10 @@ Arms (`--arms`):
   scaled to this host's steps when only the hardware differs ("seeded+online");
 - `online`: scheduled with no profile at all, the table learned from nothing;
 - `static`: scheduled on the profile's table as measured, no online learning (`--sps-learning off
-  --force-profile`, the scheduler before online learning).
+  --force-profile`, the scheduler before online learning);
+- `seeded`: scheduled on `--seed-profile` (a profile captured on other hardware; by default a copy
+  of `--profile` whose hardware field names another CPU) the way `launch` uses it on this host:
+  "seeded+online". With `default` on a profile of this host, one run measures both launch paths.
 
 For each concurrency C every arm serves the same 2*C held-out chat prompts with at most C running,
 each run on a fresh engine (a run pays its own learning; with `--persistent` one engine per arm and
@@ -21,6 +24,7 @@ with their medians over repeats.
 
     python benchmarks/decode_speed.py [--concurrency 1,4,16] [--max-tokens 96] [--repeats 5]
         [--arms target,full,default,online] [--profile sla_profiles/smollm2-135m-instruct-cpu.yaml]
+        [--seed-profile OTHER_HOST.yaml]
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ from pathlib import Path
 
 import torch
 from common import add_common_args, heldout_prompts, load_pair, serve_all
-ARMS = ("target", "full", "default", "online", "static")
+ARMS = ("target", "full", "default", "online", "static", "seeded")
+SCHEDULED = ("default", "online", "static", "seeded")
 
 
 def run_mode(engine, prompts: list[list[int]], params) -> dict:
@@ -53,16 +58,20 @@ def run_mode(engine, prompts: list[list[int]], params) -> dict:
     }
 
 
-def engine_for(arm: str, pair, profile, launch_profile, concurrency: int, model: str):
+def engine_for(arm: str, pair, launch_profiles: dict, concurrency: int, model: str):
+    """`launch_profiles`: "default" -> what launch resolves --profile to here, "seeded" -> the same
+    for --seed-profile (None when the seeded arm does not run)."""
     from sglang_dspark.engine.engine import Engine, EngineConfig
 
     target, tokenizer, drafter = pair
     mode = {"target": "target", "full": "full"}.get(arm, "scheduled")
+    resolved = launch_profiles["seeded" if arm == "seeded" else "default"]
+    profile = resolved.profile
     sps = None if arm in ("target", "full", "online") else profile.sps_table()
     config = EngineConfig(mode=mode, max_running=concurrency, max_len=1024, learn_sps=arm != "static")
     return Engine(target, tokenizer, drafter if mode != "target" else None, config=config, sps=sps,
                   sts_temperatures=profile.sts_temperatures(), model_name=model,
-                  sps_seeded=arm == "default" and launch_profile.seed_only)
+                  sps_seeded=arm in ("default", "seeded") and resolved.seed_only)
 
 
 def main() -> None:
@@ -76,6 +85,9 @@ def main() -> None:
     parser.add_argument("--force-mismatch", action="store_true",
                         help="treat --profile as measured on other hardware (its hardware field replaced), so "
                              "`default` runs the seeded path even on the host that captured it")
+    parser.add_argument("--seed-profile", default=None,
+                        help="profile of other hardware for the `seeded` arm (default: --profile with its hardware "
+                             "field replaced)")
     parser.add_argument("--persistent", action="store_true",
                         help="one engine per arm and concurrency for every repeat (a server that keeps learning)")
     args = parser.parse_args()
@@ -94,12 +106,24 @@ def main() -> None:
     tokenizer = pair[1]
     if args.force_mismatch:
         args.profile = str(other_hardware_copy(Path(args.profile)))
-    launch_profile = resolve_profile(args.profile, engine="reference", model=zoo.resolve_model(args.model),
-                                     draft=args.draft, seed_ok=True)  # what launch does on this host
-    profile = launch_profile.profile
-    source = "seeded+online" if launch_profile.seed_only else "profile+online"
-    print(f"default arm: {source} from {args.profile}" + (f" ({'; '.join(launch_profile.mismatches)})"
-                                                          if launch_profile.mismatches else ""), flush=True)
+    def resolved(path: str, arm: str):  # what launch does with this profile on this host
+        launch_profile = resolve_profile(path, engine="reference", model=zoo.resolve_model(args.model),
+                                         draft=args.draft, seed_ok=True)
+        source = "seeded+online" if launch_profile.seed_only else "profile+online"
+        print(f"{arm} arm: {source} from {path}" + (f" ({'; '.join(launch_profile.mismatches)})"
+                                                    if launch_profile.mismatches else ""), flush=True)
+        return launch_profile, source
+
+    launch_profiles, sources = {}, {}
+    launch_profiles["default"], sources["default"] = resolved(args.profile, "default")
+    if "seeded" in arms:
+        seed_path = args.seed_profile or str(other_hardware_copy(Path(args.profile)))
+        launch_profiles["seeded"], sources["seeded"] = resolved(seed_path, "seeded")
+        if not launch_profiles["seeded"].seed_only:
+            raise SystemExit(f"--seed-profile {seed_path}: its hardware matches this host; the seeded arm needs "
+                             "a profile of other hardware")
+    source = sources["default"]
+    launch_profile = launch_profiles["default"]
 
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=None)
     rows = []
@@ -111,7 +135,7 @@ def main() -> None:
         for rep in range(args.repeats):  # interleaved and rotated, so host drift hits every arm alike
             for arm in arms[rep % len(arms):] + arms[: rep % len(arms)]:
                 if arm not in engines or not args.persistent:
-                    engines[arm] = engine_for(arm, pair, profile, launch_profile, concurrency, args.model)
+                    engines[arm] = engine_for(arm, pair, launch_profiles, concurrency, args.model)
                 engine = engines[arm]
                 runs[arm].append(run_mode(engine, prompts, params))
                 print(f"  C={concurrency:<3} {arm:<9} run {rep + 1}: {runs[arm][-1]['output_tok_s']:>8.2f} tok/s  "
@@ -127,21 +151,28 @@ def main() -> None:
         row["default_vs_target"] = round(statistics.median(vs_target), 3)
         row["default_vs_best"] = round(statistics.median(vs_best), 3)
         row["full_vs_target"] = round(statistics.median(f / t for f, t in zip(speed["full"], speed["target"])), 3)
-        if "online" in arms:
-            row["online_vs_target"] = round(statistics.median(o / t for o, t in zip(speed["online"], speed["target"])), 3)
+        for arm in (a for a in SCHEDULED if a in arms and a != "default"):
+            row[f"{arm}_vs_target"] = round(statistics.median(o / t for o, t in zip(speed[arm], speed["target"])), 3)
+            row[f"{arm}_vs_best"] = round(statistics.median(
+                o / max(t, f) for o, t, f in zip(speed[arm], speed["target"], speed["full"])), 3)
         rows.append(row)
 
+    others = [a for a in SCHEDULED if a in arms and a != "default"]
     header = f"\n{'C':>3} " + " ".join(f"{arm + ' tok/s':>14}" for arm in arms) + \
-        f" {'tau default':>11} {'default/target':>15} {'default/best':>13}"
+        f" {'tau default':>11} {'default/target':>15} {'default/best':>13}" + \
+        "".join(f" {a + '/target':>15} {a + '/best':>13}" for a in others)
     print(header + ("  (medians of per-repeat ratios)"))
     for r in rows:
         print(f"{r['concurrency']:>3} " + " ".join(f"{r[arm]['output_tok_s']:>14.2f}" for arm in arms)
-              + f" {r['default']['tau']:>11.2f} {r['default_vs_target']:>15.3f} {r['default_vs_best']:>13.3f}")
+              + f" {r['default']['tau']:>11.2f} {r['default_vs_target']:>15.3f} {r['default_vs_best']:>13.3f}"
+              + "".join(f" {r[a + '_vs_target']:>15.3f} {r[a + '_vs_best']:>13.3f}" for a in others))
     result = {
         "benchmark": "decode_speed",
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "torch_threads": args.threads,
                     "hardware": profile_hardware()},
         "model": args.model, "draft": args.draft, "profile": args.profile, "default_source": source,
+        "seed_profile": launch_profiles["seeded"].path if "seeded" in arms else None,
+        "sources": sources,
         "forced_mismatch": args.force_mismatch,
         "persistent_engines": args.persistent,
         "profile_mismatches": launch_profile.mismatches, "arms": list(arms),

@@ -50,8 +50,8 @@ COMMON_TRAIN = ["--seed", "0", "--block-size", "7", "--threads", "1", "--seqs-pe
                 "--anchors-per-seq", "64", "--lr", "2e-3", "--heldout", str(DATA / "heldout-op")]
 TRAINED = {"dspark": RUNS / "drafter-dspark", "dflash": RUNS / "drafter-dflash"}
 EVALUATED = {"dspark": TRAINED["dspark"], "dflash": TRAINED["dflash"], "previous": PREVIOUS}
-BENCHES = ["mt-bench", "humaneval"]
-CALIBRATION = "sharegpt-heldout:200"  # STS is fitted here, never on the benchmarks it is measured on
+BENCHES = "mt-bench,humaneval"
+CALIBRATION = "sharegpt-heldout"  # STS is fitted here, never on the benchmarks it is measured on
 PAPER_GAIN = "+16.3 / +18.4 / +18.3 % (Qwen3 4B / 8B / 14B, gamma 7, T=1)"
 
 
@@ -91,18 +91,16 @@ def train_command(out: Path, minutes: float, *extra) -> list[str]:
                   *[DATA / d for d in TRAIN_DATA], "--time-budget-min", minutes, *COMMON_TRAIN, *extra)
 
 
-def eval_command(name: str, max_new_tokens: int, limit: int | None) -> list[str]:
+def eval_command(name: str, max_new_tokens: int, benches: str, calibration: int) -> list[str]:
     """Only the new drafter's STS is fitted (the others ship none)."""
-    benches = [x for b in BENCHES for x in ("--bench", b)]
-    limit_args = ["--limit", limit] if limit else []
-    sts = (["--calibration-file", CALIBRATION, "--calibration-temperatures", "0,1",
+    benches = [x for b in benches.split(",") for x in ("--bench", b)]
+    sts = (["--calibration-file", f"{CALIBRATION}:{calibration}", "--calibration-temperatures", "0,1",
             "--rounds-out", RUNS / "rounds_dspark", "--sts-out", RESULTS / "sts_smollm2-135m-instruct-dspark.json"]
            if name == "dspark"
            else ["--calibration-file", ""])
     return python("sglang_dspark.evaluate", "--target", TARGET, "--draft", EVALUATED[name], "--threads", 1,
                   *benches, *sts, "--max-new-tokens", max_new_tokens, "--profile", PROFILE,
-                  "--out", RESULTS / f"drafter_bench_{name}.json", "--markdown", RESULTS / f"drafter_bench_{name}.md",
-                  *limit_args)
+                  "--out", RESULTS / f"drafter_bench_{name}.json", "--markdown", RESULTS / f"drafter_bench_{name}.md")
 
 
 def keep_previous() -> None:
@@ -147,8 +145,11 @@ def main() -> int:
     parser.add_argument("--num-layers", type=int, default=None,
                         help=f"train: draft layers (default: {ARCH['num-layers']}, the measured choice)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="evaluate: tokens per prompt (default: %(default)s)")
-    parser.add_argument("--limit", type=int, default=None,
-                        help="evaluate: prompts per category (default: all 80 MT-Bench, 164 HumanEval)")
+    parser.add_argument("--benches", default=BENCHES,
+                        help="evaluate: comma-separated benches, each with an optional :N, the first N prompts of "
+                        "each category (mt-bench:5 is 40 of the 80) (default: %(default)s, every prompt)")
+    parser.add_argument("--calibration", type=int, default=200,
+                        help="evaluate: held-out ShareGPT prompts STS is fitted on (default: %(default)s)")
     parser.add_argument("--only", default=None, help="evaluate: comma-separated subset of dspark,dflash,previous; "
                         "the first runs beside the others in turn (default: all)")
     args = parser.parse_args()
@@ -173,7 +174,7 @@ def main() -> int:
         # two lanes of about equal work: the new drafter (it also fits STS) and the other two in turn
         lanes = [names[:1], names[1:]]
         run_parallel({f"eval-{'-'.join(lane)}": ["bash", "-c", " && ".join(
-            shlex.join(eval_command(n, args.max_new_tokens, args.limit)) for n in lane)] for lane in lanes if lane})
+            shlex.join(eval_command(n, args.max_new_tokens, args.benches, args.calibration)) for n in lane)] for lane in lanes if lane})
     elif args.phase == "table":
         from drafter_tables import comparison
 

@@ -37,10 +37,15 @@ def run_split(engine, records, temperature, max_new_tokens, desc=""):
     mode). Returns per prompt {"domain", "accept_lens", "conf_logits", "tokens"}, one entry of the
     first two per drafted round."""
     from sglang_dspark.engine.sampling import SamplingParams
-    from sglang_dspark.train.engine_tau import decode_rounds
+    from sglang_dspark.train.engine_tau import decode_rounds, fitting_prompts
 
+    kept, prompts = fitting_prompts(engine, records, max_new_tokens)
+    if len(kept) < len(records):
+        print(f"{desc}: {len(records) - len(kept)} of {len(records)} prompts left out: longer than the "
+              f"{engine.max_len}-token context with {max_new_tokens} new tokens", file=sys.stderr)
+    records = kept
     ids = [f"{desc}-{i}" for i in range(len(records))]
-    outputs, rounds = decode_rounds(engine, [chat_ids(engine.tokenizer, r.prompt) for r in records],
+    outputs, rounds = decode_rounds(engine, prompts,
                                     [SamplingParams(max_tokens=max_new_tokens, temperature=temperature)] * len(records),
                                     ids, progress=f"{desc} T={temperature:g}")
     return [{"domain": rec.domain, "accept_lens": [m for m, _ in rounds[rid]],
@@ -66,17 +71,20 @@ def summarize(results, gamma) -> dict:
 
 def bench_prompts(spec: str) -> list:
     """Prompt records of a --bench / --calibration-file spec: anything `load_prompts` reads, or
-    `sharegpt-heldout[:N]`, the first N conversations of the ShareGPT pool no training run uses
-    (sglang_dspark/train/sources.py)."""
+    `sharegpt-heldout`, the ShareGPT pool no training run uses (sglang_dspark/train/sources.py).
+    A `:N` suffix keeps the first N prompts of each category (`mt-bench:4`: 4 of each of 8)."""
     from sglang_dspark.prompts import load_prompts
 
-    if spec.split(":")[0] == HELDOUT_SPEC:
+    head, _, count = spec.rpartition(":")
+    if not (head and count.isdigit()):
+        head, count = spec, ""
+    if head == HELDOUT_SPEC:
         from sglang_dspark.train.sources import sharegpt_pool
 
-        count = spec.partition(":")[2]
-        pool = sharegpt_pool("heldout")
-        return pool[: int(count)] if count else pool
-    return load_prompts(spec)
+        records = sharegpt_pool("heldout")
+    else:
+        records = load_prompts(head)
+    return _per_domain(records, int(count)) if count else records
 
 
 def sps_from_profile(path):
@@ -281,8 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft", required=True, help="drafter checkpoint directory")
     p.add_argument("--bench", "--prompts-file", dest="bench", action="append", default=None,
                    help="a benchmark to evaluate, repeatable: mt-bench, humaneval, builtin:<split>, sharegpt, "
-                   f"{HELDOUT_SPEC}[:N] or a JSONL file of {{\"domain\", \"prompt\"}} lines; tau is reported per "
-                   "category (the records' domain) (default: builtin:eval)")
+                   f"{HELDOUT_SPEC} or a JSONL file of {{\"domain\", \"prompt\"}} lines, each with an optional :N "
+                   "(the first N prompts of each category); tau is reported per category (the records' domain) "
+                   "(default: builtin:eval)")
     p.add_argument("--calibration-file", default="builtin:calibration",
                    help="STS calibration prompts, the same kinds of spec; never evaluated on (default: %(default)s)")
     p.add_argument("--temperatures", default="0,1", help="comma-separated sampling temperatures (default: %(default)s)")

@@ -63,6 +63,21 @@ def test_run_split_reports_rounds_per_prompt():
     assert set(summary) == {"a", "b"} and all(v["tau"] >= 1 for v in summary.values())
 
 
+def test_prompts_longer_than_the_context_are_left_out_not_fatal(capsys):
+    """ShareGPT has prompts longer than any context: a run over them (the evaluator's calibration
+    split, the trainer's checkpoint check) leaves them out and says so, instead of failing."""
+    from sglang_dspark.train.engine_tau import fitting_prompts
+
+    engine = tiny_engine("full", max_running=3)  # a 256-token context
+    long = " ".join(f"w{i % 40}" for i in range(400))
+    records = _records(("a", "w5 w9"), ("a", long), ("b", "w7 w21"), ("b", "w30"))
+    kept, prompts = fitting_prompts(engine, records, 20, limit=2)
+    assert [r.prompt for r in kept] == ["w5 w9", "w7 w21"] and all(len(p) + 20 <= 256 for p in prompts)
+    results = run_split(engine, records, 0.0, 20, "t")
+    assert [r["domain"] for r in results] == ["a", "b", "b"]
+    assert "t: 1 of 4 prompts left out" in capsys.readouterr().err
+
+
 def test_saved_rounds_keep_every_round_with_its_prompt(tmp_path):
     engine = tiny_engine("full", max_running=2)
     results = run_split(engine, _records(("a", "w5 w9"), ("b", "w7 w21")), 1.0, 12, "t")

@@ -53,3 +53,16 @@ def test_cli_reports_categories_benches_speedup_and_markdown(tmp_path, capsys):
 def test_cli_refuses_an_unknown_bench(tmp_path, capsys):
     assert main(["--target", "t", "--draft", "d", "--bench", "no-such-bench"]) == 2
     assert "unknown prompt source" in capsys.readouterr().err
+
+
+def test_a_count_suffix_keeps_the_first_prompts_of_each_category(tmp_path):
+    from sglang_dspark.evaluate import bench_prompts
+
+    bench = tmp_path / "bench.jsonl"
+    rows = [("a", "p1"), ("b", "p2"), ("a", "p3"), ("a", "p4"), ("b", "p5")]
+    bench.write_text("\n".join(json.dumps({"domain": d, "prompt": p}) for d, p in rows) + "\n")
+    kept = bench_prompts(f"{bench}:2")
+    assert [(r.domain, r.prompt) for r in kept] == [("a", "p1"), ("b", "p2"), ("a", "p3"), ("b", "p5")]
+    assert len(bench_prompts(str(bench))) == 5
+    mt_bench = bench_prompts("mt-bench:3")
+    assert len(mt_bench) == 24 and len({r.domain for r in mt_bench}) == 8

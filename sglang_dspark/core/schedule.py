@@ -257,6 +257,12 @@ class AsyncPlanner:
         self.last_decision = decision
         return self.snap(len(request_ids), decision.budget)
 
+    def expected_tokens(self, request_ids: Sequence[Hashable], budget: int) -> float:
+        """Tokens a step over `request_ids` emits in expectation when the `budget` most likely drafts
+        are verified, from the lagged confidences (history only, as `capacity`)."""
+        values, _ = _ranked_candidates(_host_survival(self._lagged_conf(request_ids)))
+        return len(request_ids) + float(values[: max(0, budget)].sum())
+
     def can_admit(self, request_ids: Sequence[Hashable], measured_slowest: float | None = None) -> bool:
         """SLA admission: may one more request join `request_ids` (the running batch)?
 

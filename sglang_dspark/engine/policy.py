@@ -29,6 +29,7 @@ from sglang_dspark.engine.guard import DraftingGuard, bucket
 MODES = ("target", "full", "scheduled")
 # where the table the planner reads comes from (/server_info, /metrics)
 SOURCES = ("flat", "profile", "profile+online", "seeded+online", "online")
+EXPLORE_SLACK = 0.9  # explore unless the best case is >10 % short of paying: noise must not prune
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,8 @@ class SpeculationPolicy:
 
     Probes: when the planner budgets nothing, every `probe_every`-th such step drafts anyway, to keep
     the confidences fresh and to measure a budget the table has not seen at this batch size (the
-    smallest unexplored of 1, 2, 4, ... R * gamma); the interval doubles after each probe up to
+    smallest unexplored of 1, 2, 4, ... R * gamma, unless no budget could pay: `_cannot_pay`); the
+    interval doubles after each probe up to
     `probe_max`, and drops back to `probe_every` while the current batch-size bucket (1, 2-3, 4-7,
     ...: the table interpolates within one) has fewer than `explore_until` drafted steps on record.
     """
@@ -116,16 +118,17 @@ class SpeculationPolicy:
             if self.learner is not None and self.learner.steps < self.warmup_steps:
                 return NO_DRAFT
             self.probes += 1
-            return DraftPlan(capacity=self._probe_budget(num), draft=True, probe=True)
+            return DraftPlan(capacity=self._probe_budget(request_ids), draft=True, probe=True)
         capacity = self.planner.capacity(request_ids)
         if self.planner.last_decision.budget > 0 and self.guard.allows(num):
             self._undrafted_steps, self._probe_interval = 0, self.probe_every
             if self.guard.on_probation(num):  # drafting has not shown it pays here yet: bet small
                 capacity = min(capacity, num)
             return DraftPlan(capacity=capacity, draft=True)
-        return self._probe_or_skip(num)
+        return self._probe_or_skip(request_ids)
 
-    def _probe_or_skip(self, num: int) -> DraftPlan:
+    def _probe_or_skip(self, request_ids: Sequence[str]) -> DraftPlan:
+        num = len(request_ids)
         exploring = self.learner is not None and self.learner.drafted_in_bucket(bucket(num)) < self.explore_until
         if exploring:
             self._probe_interval = min(self._probe_interval, self.probe_every)
@@ -135,20 +138,38 @@ class SpeculationPolicy:
         self._undrafted_steps = 0
         self._probe_interval = min(2 * self._probe_interval, self.probe_max)
         self.probes += 1
-        return DraftPlan(capacity=self._probe_budget(num), draft=True, probe=True)
+        return DraftPlan(capacity=self._probe_budget(request_ids), draft=True, probe=True)
 
-    def _probe_budget(self, num: int) -> int:
+    def _probe_budget(self, request_ids: Sequence[str]) -> int:
         """The smallest budget of 1, 2, 4, ... R * gamma with no drafted step on record at this
-        batch size (learning), else 0: a probe then only refreshes the confidences."""
+        batch size (learning), else 0: a probe then only refreshes the confidences (the drafter
+        runs, only the anchors are verified). Also 0 when no budget could pay (`_cannot_pay`)."""
         if self.learner is None:
             return 0
+        num = len(request_ids)
         seen = {s.batch_tokens - num for s in self.learner.samples if s.drafted and s.num_requests == num}
         budget = 1
         while budget <= num * self.gamma:
             if budget not in seen:
-                return budget
+                return 0 if self._cannot_pay(request_ids, budget) else budget
             budget *= 2
         return 0
+
+    def _cannot_pay(self, request_ids: Sequence[str], budget: int) -> bool:
+        """Exploring `budget` and beyond is not worth its price: even verifying every draft, at the
+        cost of the cheapest drafted step already measured here (a lower bound: cost grows with the
+        budget), the lagged confidences promise fewer tokens per second than a plain step delivers,
+        by a margin of `EXPLORE_SLACK`. On a host where one verified draft doubles the step, a weak
+        drafter then pays for one measuring probe, not for a ladder of ever larger ones."""
+        num = len(request_ids)
+        here = [s for s in self.learner.samples if s.num_requests == num]
+        plain = [s.seconds for s in here if not s.drafted]
+        drafted = [s.seconds for s in here if s.drafted and 0 < s.batch_tokens - num < budget]
+        if not plain or not drafted or self.planner.rows_observed == 0:
+            return False
+        cost_ratio = statistics.median(drafted) / statistics.median(plain)
+        yield_ratio = self.planner.expected_tokens(request_ids, num * self.gamma) / num
+        return yield_ratio < EXPLORE_SLACK * cost_ratio
 
     def can_admit(self, running_ids: Sequence[str], slowest_speed: float | None) -> bool:
         """SLA admission (always yes outside SLA mode); see AsyncPlanner.can_admit."""

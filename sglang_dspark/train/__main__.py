@@ -154,7 +154,7 @@ def main(argv=None) -> int:
         if due or (args.check_every_min and trainer.done()):
             last_check["elapsed_s"] = trainer.elapsed_s
             check = {"step": trainer.step, "elapsed_s": round(trainer.elapsed_s, 1),
-                     **checkpoint_tau(args.target, out, sharegpt_pool("heldout")[: args.check_prompts])}
+                     **checkpoint_tau(args.target, out, sharegpt_pool("heldout"), args.check_prompts)}
             trainer.checks.append(check)
             print(f"checkpoint step {trainer.step}: measured tau T=0 {check['tau']:.3f} over {check['rounds']} rounds",
                   flush=True)

@@ -22,16 +22,32 @@ def decode_rounds(engine, prompts: list[list[int]], params: list, request_ids: l
     return outputs, rounds
 
 
-def checkpoint_tau(target_dir, draft_dir, records, *, max_new_tokens: int = 48, temperature: float = 0.0) -> dict:
-    """Full-verify tau and acceptance per position of the drafter in `draft_dir` on `records`."""
+def fitting_prompts(engine, records, max_new_tokens: int, limit: int | None = None) -> tuple[list, list[list[int]]]:
+    """(records, chat prompt ids) of the first `limit` (default: all) records whose prompt leaves room
+    for `max_new_tokens` in the engine's context; longer ones (ShareGPT has some) are left out."""
+    from sglang_dspark.prompts import chat_ids
+
+    kept, prompts = [], []
+    for r in records:
+        if limit is not None and len(kept) == limit:
+            break
+        ids = chat_ids(engine.tokenizer, r.prompt)
+        if len(ids) + max_new_tokens <= engine.max_len:
+            kept.append(r)
+            prompts.append(ids)
+    return kept, prompts
+
+
+def checkpoint_tau(target_dir, draft_dir, records, count: int, *, max_new_tokens: int = 48,
+                   temperature: float = 0.0) -> dict:
+    """Full-verify tau and acceptance per position of the drafter in `draft_dir` on the first
+    `count` of `records` that fit a 1024-token context."""
     from sglang_dspark.engine.engine import EngineConfig
     from sglang_dspark.engine.factory import build_engine
     from sglang_dspark.engine.sampling import SamplingParams
-    from sglang_dspark.prompts import chat_ids
 
-    engine = build_engine(target_dir, draft_dir, config=EngineConfig(mode="full", max_running=len(records),
-                                                                     max_len=1024))
-    prompts = [chat_ids(engine.tokenizer, r.prompt) for r in records]
+    engine = build_engine(target_dir, draft_dir, config=EngineConfig(mode="full", max_running=count, max_len=1024))
+    records, prompts = fitting_prompts(engine, records, max_new_tokens, count)
     params = [SamplingParams(max_tokens=max_new_tokens, temperature=temperature, seed=i) for i in range(len(records))]
     _, rounds = decode_rounds(engine, prompts, params, [f"check-{i}" for i in range(len(records))])
     accepted = torch.tensor([m for per in rounds.values() for m, _ in per], dtype=torch.float64)

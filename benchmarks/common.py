@@ -22,6 +22,21 @@ def add_common_args(parser, result_name: str) -> None:
     parser.add_argument("--out", default=str(ROOT / f"benchmarks/results/{result_name}.json"), help="JSON output path")
 
 
+def balanced_order(arms, repeat: int) -> list:
+    """The order of `arms` in repeat number `repeat` (0-based): a Williams design, where over
+    len(arms) repeats (2 x len(arms) when odd) every arm runs right after every other arm equally
+    often. A plain rotation keeps the cyclic order, so one arm would always follow the heaviest one
+    (verify-all) and carry whatever that leaves behind on a shared host into every repeat."""
+    n = len(arms)
+    first = [0]
+    for i in range(1, n):  # 0, 1, n-1, 2, n-2, ...
+        first.append((i + 1) // 2 if i % 2 else n - i // 2)
+    rows = [[(a + r) % n for a in first] for r in range(n)]
+    if n % 2:  # odd: each row and its reverse
+        rows += [row[::-1] for row in rows]
+    return [arms[i] for i in rows[repeat % len(rows)]]
+
+
 def heldout_prompts(tokenizer, count: int) -> list[list[int]]:
     """`count` chat-templated prompt ids, cycling through the built-in held-out split."""
     from sglang_dspark.prompts import load_prompts

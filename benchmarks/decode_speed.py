@@ -17,7 +17,8 @@ For each concurrency C every arm serves the same 2*C held-out chat prompts with 
 each run on a fresh engine (a run pays its own learning; with `--persistent` one engine per arm and
 C serves every repeat, as a long-running server would, so only the first repeat pays it); arms run
 back to back inside each
-concurrency, the order rotating each repeat, so host drift hits them alike. Reported: output tokens/s
+concurrency, in an order balanced for carry-over (`common.balanced_order`: over len(arms) repeats each
+arm runs right after every other one equally often), so host drift hits them alike. Reported: output tokens/s
 (completion tokens over wall time), tau (tokens per request per decode step), the median run per arm,
 and per repeat the ratio of `default` to target-only and to the best of target-only and verify-all,
 with their medians over repeats.
@@ -37,7 +38,7 @@ import statistics
 from pathlib import Path
 
 import torch
-from common import add_common_args, heldout_prompts, load_pair, serve_all
+from common import add_common_args, balanced_order, heldout_prompts, load_pair, serve_all
 ARMS = ("target", "full", "default", "online", "static", "seeded")
 SCHEDULED = ("default", "online", "static", "seeded")
 
@@ -47,6 +48,8 @@ def run_mode(engine, prompts: list[list[int]], params) -> dict:
     records = run.records
     emitted = sum(r.bs + r.accepted_drafts for r in records)
     errors = [abs(r.predicted_step_ms - r.step_ms) / r.step_ms for r in records if r.predicted_step_ms]
+    plain = [r.step_ms for r in records if not r.drafted]
+    drafted = [r for r in records if r.drafted]
     return {
         "predicted_step_time_median_abs_rel_error": round(statistics.median(errors), 4) if errors else None,
         "output_tok_s": round(run.completion_tokens / run.wall_s, 2),
@@ -55,6 +58,11 @@ def run_mode(engine, prompts: list[list[int]], params) -> dict:
         "completion_tokens": run.completion_tokens,
         "mean_verify_tokens_per_step": round(sum(r.num_verify_tokens for r in records) / max(1, len(records)), 2),
         "steps": len(records),
+        # where the time went: plain steps, drafted ones (probes among them), and outside decode steps
+        "plain_step_ms_median": round(statistics.median(plain), 2) if plain else None,
+        "drafted_steps": len(drafted), "probe_steps": sum(r.probe for r in drafted),
+        "drafted_s": round(sum(r.step_ms for r in drafted) / 1e3, 3),
+        "outside_decode_s": round(run.wall_s - sum(r.step_ms for r in records) / 1e3, 3),
     }
 
 
@@ -132,14 +140,16 @@ def main() -> None:
         row = {"concurrency": concurrency, "requests": len(prompts)}
         runs = {arm: [] for arm in arms}
         engines = {}
-        for rep in range(args.repeats):  # interleaved and rotated, so host drift hits every arm alike
-            for arm in arms[rep % len(arms):] + arms[: rep % len(arms)]:
+        for rep in range(args.repeats):  # interleaved, carry-over balanced: host drift hits every arm alike
+            for arm in balanced_order(arms, rep):
                 if arm not in engines or not args.persistent:
                     engines[arm] = engine_for(arm, pair, launch_profiles, concurrency, args.model)
                 engine = engines[arm]
                 runs[arm].append(run_mode(engine, prompts, params))
                 print(f"  C={concurrency:<3} {arm:<9} run {rep + 1}: {runs[arm][-1]['output_tok_s']:>8.2f} tok/s  "
-                      f"tau {runs[arm][-1]['tau']:.2f}", flush=True)
+                      f"tau {runs[arm][-1]['tau']:.2f}  drafted steps {runs[arm][-1]['drafted_steps']:>3} "
+                      f"({runs[arm][-1]['drafted_s']:.2f} s)  plain step {runs[arm][-1]['plain_step_ms_median'] or 0:.1f} ms",
+                      flush=True)
         for arm in arms:  # the run with the median speed stands for the arm; all runs are kept
             ordered = sorted(runs[arm], key=lambda r: r["output_tok_s"])
             row[arm] = {**ordered[len(ordered) // 2], "runs_output_tok_s": [r["output_tok_s"] for r in runs[arm]]}

@@ -98,6 +98,44 @@ def noise_floor(evals, temps, samples: int, seed: int) -> list[float]:
     return torch.tensor(floors).median(0).values.tolist()
 
 
+def affine_bound(calib, evals, min_positives: int) -> dict:
+    """What a richer rescaling than STS reaches on this head: sigmoid(z_k / T_k + b_k) per position,
+    fitted left to right by log loss on the calibration split like STS (earlier positions frozen, and
+    fit_sts' support rule: a position with fewer than `min_positives` accepted or rejected prefixes
+    keeps the previous position's map), ECE on the eval split. SGLang's STS file carries temperatures
+    only; the bias is one more degree of freedom, so where even this stays above a goal, a better
+    temperature will not meet it."""
+    def survival(z, params):
+        c = torch.stack([torch.sigmoid(z[:, k] / t + b) for k, (t, b) in enumerate(params)], 1)
+        return torch.cumprod(c, 1)
+
+    z, labels = calib["conf_logits"].to(torch.float64), prefix_labels(calib["accept_len"], calib["conf_logits"].shape[1])
+    params, prefix = [], torch.ones(z.shape[0], dtype=torch.float64)
+    for k in range(z.shape[1]):
+        positives = int(labels[:, k].sum())
+        if min(positives, z.shape[0] - positives) < min_positives:
+            params.append(params[-1] if params else (1.0, 0.0))
+        else:
+            log_t = torch.zeros((), dtype=torch.float64, requires_grad=True)  # T = exp(log_t) > 0
+            b = torch.zeros((), dtype=torch.float64, requires_grad=True)
+            opt = torch.optim.LBFGS([log_t, b], max_iter=200, line_search_fn="strong_wolfe")
+
+            def closure():
+                opt.zero_grad()
+                pred = (prefix * torch.sigmoid(z[:, k] / log_t.exp() + b)).clamp(1e-9, 1 - 1e-9)
+                loss = torch.nn.functional.binary_cross_entropy(pred, labels[:, k])
+                loss.backward()
+                return loss
+
+            opt.step(closure)
+            params.append((float(log_t.detach().exp()), float(b.detach())))
+        prefix = survival(z, params)[:, -1]
+    ze, eval_labels = evals["conf_logits"].to(torch.float64), prefix_labels(evals["accept_len"], evals["conf_logits"].shape[1])
+    pred = survival(ze, params)
+    return {"params": [[round(t, 4), round(b, 4)] for t, b in params],
+            "ece_after": [ece(pred[:, k], eval_labels[:, k]) for k in range(ze.shape[1])]}
+
+
 def plot(path, evals, fits: dict) -> None:
     import matplotlib
 
@@ -192,6 +230,9 @@ def main() -> None:
     print(f"{'chosen: P(lower)':<22}" + "".join(f"{p:>8.2f}" for p in chosen_fit["bootstrap_share_lower"])
           + f"  ({args.bootstrap} prompt-bootstrap resamples)")
     print(f"{'noise floor':<22}" + "".join(f"{1e3 * f:>8.3f}" for f in chosen_fit["noise_floor_ece"]))
+    result["affine_bound"] = affine_bound(calib, evals, args.min_positives)
+    print(f"{'affine (T and bias)':<22}" + "".join(f"{1e3 * a:>8.3f}" for a in result["affine_bound"]["ece_after"])
+          + "  (temperature and bias per position: not in SGLang's STS format)")
     print(f"{'AUROC raw':<22}" + "".join(f"{a:>8.3f}" for a in result["auroc_before"]))
     print(f"{'AUROC chosen STS':<22}" + "".join(f"{a:>8.3f}" for a in chosen_fit["auroc_after"]))
     print(f"chosen temperatures: {[round(t, 3) for t in chosen_fit['temperatures']]}")

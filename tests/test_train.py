@@ -106,3 +106,26 @@ def test_text_the_target_did_not_sample_is_labelled_with_the_targets_argmax():
                 if batch.valid[b, a_idx, k]:
                     want = seq.tokens[a + k + 1] if b == 0 else seq.argmax[a + k]
                     assert batch.labels[b, a_idx, k] == want
+
+
+def test_a_time_budget_overrun_by_the_last_step_still_ends_with_a_save(tmp_path):
+    # The last step of a time-budgeted run ends past the budget (a held-out evaluation inside it
+    # can take seconds): the progress bar, in seconds, must not run past its total (tqdm then drops
+    # the total, the bar's "{total:.0f}" cannot format, and the final save never happened).
+    import time
+
+    drafter = tiny_drafter(seed=0)
+    cfg = LoopConfig(seed=0, lr=1e-2, warmup_steps=1, seqs_per_step=2, anchors_per_seq=8,
+                     time_budget_s=1.0, min_lr_ratio=1.0, save_every_s=1e9)
+    trainer = Trainer(drafter, synthetic_store(), cfg, state_dir=tmp_path, log=lambda line: None)
+    step = trainer.train_step
+
+    def slow_step():
+        time.sleep(1.6)  # one step overruns the 1 s budget by more than tqdm's half-unit slack
+        return step()
+
+    trainer.train_step = slow_step
+    trainer.run(progress=True)
+    assert trainer.step == 1 and trainer.elapsed_s > cfg.time_budget_s
+    state = torch.load(tmp_path / "trainer_state.pt", weights_only=False)
+    assert state["step"] == trainer.step

@@ -270,7 +270,8 @@ class DraftKVCache:
         if start > self.lengths[slot] or end > self.max_len:
             raise ValueError(f"slot {slot}: cannot write [{start}, {end}) with length "
                              f"{self.lengths[slot]}, capacity {self.max_len}")
-        self._drop_staged_from(slot, start)
+        if start < self.lengths[slot]:  # a rewrite: staged pieces all lie below the length, so only then
+            self._drop_staged_from(slot, start)  # (the engine appends at the end every step)
         self._staged[slot].append((start, target_hidden))
         self.lengths[slot] = end
 

@@ -196,7 +196,8 @@ class Trainer:
             stats["elapsed_s"] = round(self.elapsed_s, 2)
             self.history.append(stats)
             ema = stats["loss"] if ema is None else 0.98 * ema + 0.02 * stats["loss"]
-            bar.update(dt if by_time else 1)
+            # never past the total: tqdm then drops it and the bar's "{total:.0f}" cannot format
+            bar.update(min(dt, max(0.0, total - bar.n)) if by_time else 1)
             bar.set_postfix(step=self.step, loss=f"{ema:.3f}", accept=f"{stats['accept']:.3f}",
                             pos_s=f"{stats['positions'] / max(dt, 1e-9):.0f}", refresh=False)
             if time.monotonic() - last_save >= self.loop.save_every_s:

@@ -13,7 +13,7 @@ import json
 import statistics
 from pathlib import Path
 
-SCHEDULED = ("default", "online", "static", "seeded")
+from decode_speed import SCHEDULED  # the arms a run may hold besides target and full
 
 
 def pool(paths: list[str]) -> dict[tuple[str, int], list[float]]:

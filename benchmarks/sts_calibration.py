@@ -129,7 +129,8 @@ def affine_bound(calib, evals, min_positives: int) -> dict:
 
             opt.step(closure)
             params.append((float(log_t.detach().exp()), float(b.detach())))
-        prefix = survival(z, params)[:, -1]
+        t, b = params[-1]
+        prefix = prefix * torch.sigmoid(z[:, k] / t + b)  # frozen from here on
     ze, eval_labels = evals["conf_logits"].to(torch.float64), prefix_labels(evals["accept_len"], evals["conf_logits"].shape[1])
     pred = survival(ze, params)
     return {"params": [[round(t, 4), round(b, 4)] for t, b in params],

@@ -52,6 +52,9 @@ TRAINED = {"dspark": RUNS / "drafter-dspark", "dflash": RUNS / "drafter-dflash"}
 EVALUATED = {"dspark": TRAINED["dspark"], "dflash": TRAINED["dflash"], "previous": PREVIOUS}
 BENCHES = "mt-bench,humaneval"
 CALIBRATION = "sharegpt-heldout"  # STS is fitted here, never on the benchmarks it is measured on
+# the trained drafter's STS; `ship` makes it the shipped one (evaluating must not overwrite that)
+STS_TRAINED = RESULTS / "sts_smollm2-135m-instruct-dspark-new.json"
+STS_SHIPPED = RESULTS / "sts_smollm2-135m-instruct-dspark.json"
 PAPER_GAIN = "+16.3 / +18.4 / +18.3 % (Qwen3 4B / 8B / 14B, gamma 7, T=1)"
 
 
@@ -95,7 +98,7 @@ def eval_command(name: str, max_new_tokens: int, benches: str, calibration: int)
     """Only the new drafter's STS is fitted (the others ship none)."""
     benches = [x for b in benches.split(",") for x in ("--bench", b)]
     sts = (["--calibration-file", f"{CALIBRATION}:{calibration}", "--calibration-temperatures", "0,1",
-            "--rounds-out", RUNS / "rounds_dspark", "--sts-out", RESULTS / "sts_smollm2-135m-instruct-dspark.json"]
+            "--rounds-out", RUNS / "rounds_dspark", "--sts-out", STS_TRAINED]
            if name == "dspark"
            else ["--calibration-file", ""])
     return python("sglang_dspark.evaluate", "--target", TARGET, "--draft", EVALUATED[name], "--threads", 1,
@@ -115,7 +118,9 @@ def ship() -> None:
     keep_previous()
     for name in SHIPPED_FILES:
         shutil.copy2(TRAINED["dspark"] / name, SHIPPED / name)
-    print(f"shipped {TRAINED['dspark']} -> {SHIPPED} (dspark_target.json and README.md unchanged)")
+    shutil.copy2(STS_TRAINED, STS_SHIPPED)
+    print(f"shipped {TRAINED['dspark']} -> {SHIPPED} and {STS_TRAINED.name} -> {STS_SHIPPED.name} (dspark_target.json "
+          "and README.md unchanged; recapture the profiles: their fingerprints hash the drafter)")
 
 
 def quick() -> None:

@@ -47,7 +47,7 @@ def minutes_to_reach(fit: dict, goal: float) -> float | None:
 def trend(summary: dict, goal: float, fit_from_min: float) -> dict:
     seqs_per_step = summary["args"]["seqs_per_step"]
     rows = [{"step": e["step"], "minutes": round(e["elapsed_s"] / 60, 1),
-             "epochs": round(e["step"] * seqs_per_step / summary["num_sequences"], 2),
+             "sequences_seen": e["step"] * seqs_per_step,  # exact; epochs would depend on data that grew
              "tau_t0": round(e["tau_t0"], 4), "tau_t1": round(e["tau_t1"], 4)} for e in summary["heldout"]]
     used = [r for r in rows if r["minutes"] >= fit_from_min]
     out = {"rows": rows, "num_sequences": summary["num_sequences"], "num_tokens": summary["num_tokens"],
@@ -106,10 +106,13 @@ def main() -> None:
         name = f"{p.parent.name} (markov rank {summary['args']['markov_rank']})"
         trends[name] = trend(summary, args.goal, args.fit_from_min)
     for name, t in trends.items():
-        print(f"\n{name}: {t['num_sequences']} sequences, {t['num_tokens']} tokens")
-        print(f"{'step':>6} {'min':>7} {'epochs':>7} {'tau T=0':>8} {'tau T=1':>8}")
+        print(f"\n{name}: {t['num_sequences']} sequences, {t['num_tokens']} tokens (the data at the last save)")
+        print(f"{'step':>6} {'min':>7} {'seqs seen':>10} {'tau T=0':>8} {'tau T=1':>8}")
         for r in t["rows"]:
-            print(f"{r['step']:>6} {r['minutes']:>7.1f} {r['epochs']:>7.2f} {r['tau_t0']:>8.3f} {r['tau_t1']:>8.3f}")
+            print(f"{r['step']:>6} {r['minutes']:>7.1f} {r['sequences_seen']:>10} {r['tau_t0']:>8.3f} {r['tau_t1']:>8.3f}")
+        for c in t["checkpoint_tau"]:  # the engine's own measurement, not the trainer's estimate
+            print(f"measured at step {c['step']} ({c['elapsed_s'] / 60:.1f} min): tau T=0 {c['tau']:.3f} over "
+                  f"{c['rounds']} rounds (engine, full verification, held-out ShareGPT prompts)")
         if t["fit"] is None:
             print(f"no fit: {t['why']}")
             continue

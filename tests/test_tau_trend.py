@@ -29,4 +29,4 @@ def test_one_training_time_is_not_a_fit():
                            {"step": 5, "elapsed_s": 900.0, "tau_t0": 1.2, "tau_t1": 1.3}]}
     out = trend(summary, 2.0, fit_from_min=10)
     assert out["fit"] is None and "two or more" in out["why"]
-    assert out["rows"][1]["epochs"] == 1.0 and out["rows"][1]["minutes"] == 15.0
+    assert out["rows"][1]["sequences_seen"] == 10 and out["rows"][1]["minutes"] == 15.0

@@ -13,7 +13,11 @@ logits and accepted lengths of full-verify decoding, per split), then:
 
     python benchmarks/sts_calibration.py --rounds runs/rounds.t1.pt [--folds 5] [--min-positives 20] [--bootstrap 1000]
         [--out benchmarks/results/sts_calibration.json] [--plot benchmarks/results/sts_calibration.png]
-        [--sts-out launch/models/smollm2-135m-instruct-dspark/sts_calibration.json]
+        [--sts-out launch/models/smollm2-135m-instruct-dspark/sts_calibration.json] [--in-domain]
+
+With --in-domain the calibration split is set aside: STS is fitted on half of the eval split's
+prompts and measured on the other half (prompt-disjoint, each domain halved), the case where the
+calibration traffic matches the traffic served.
 """
 
 from __future__ import annotations
@@ -52,6 +56,29 @@ def per_position_auroc(conf, accept_len, temperatures=None):
 def select(split, rows):
     mask = torch.isin(split["prompt"], rows)
     return split["conf_logits"][mask], split["accept_len"][mask]
+
+
+def subset(split, prompts: torch.Tensor) -> dict:
+    """The rounds of `prompts` (indices into split["domain"]), prompts renumbered 0..len-1."""
+    new_index = torch.full((len(split["domain"]),), -1, dtype=torch.long)
+    new_index[prompts] = torch.arange(len(prompts))
+    mask = new_index[split["prompt"]] >= 0
+    return {"conf_logits": split["conf_logits"][mask], "accept_len": split["accept_len"][mask],
+            "prompt": new_index[split["prompt"][mask]], "domain": [split["domain"][int(p)] for p in prompts]}
+
+
+def halve_by_prompt(split, seed: int) -> tuple[dict, dict]:
+    """Two disjoint halves of a split's prompts, each domain split evenly (odd counts: the extra
+    prompt goes to the first half), so both halves see the same mix of traffic."""
+    gen = torch.Generator().manual_seed(seed)
+    first, second = [], []
+    for domain in sorted(set(split["domain"])):
+        members = torch.tensor([i for i, d in enumerate(split["domain"]) if d == domain])
+        members = members[torch.randperm(len(members), generator=gen)]
+        half = (len(members) + 1) // 2
+        first.append(members[:half])
+        second.append(members[half:])
+    return subset(split, torch.cat(first).sort().values), subset(split, torch.cat(second).sort().values)
 
 
 def cross_validate(calib, folds: int, seed: int, min_positives: int) -> dict:
@@ -182,18 +209,25 @@ def main() -> None:
                         help="JSON output (default: %(default)s)")
     parser.add_argument("--sts-out", help="write the chosen fit as SGLang's DSparkStsCalibration JSON "
                         "(for `python -m sglang_dspark.profile set-sts`)")
+    parser.add_argument("--in-domain", action="store_true",
+                        help="ignore the calibration split: fit on a random half of the eval split's prompts "
+                        "(each domain halved) and measure on the other half; set against the default run, this "
+                        "separates miscalibration from the shift between calibration traffic and eval traffic")
     parser.add_argument("--plot", default=str(ROOT / "benchmarks/results/sts_calibration.png"),
                         help="reliability diagram (positions 1-3); empty to skip (default: %(default)s)")
     args = parser.parse_args()
 
     data = torch.load(args.rounds)
     calib, evals = data["calibration"], data["eval"]
+    if args.in_domain:  # fit and measure on disjoint halves of the same traffic
+        calib, evals = halve_by_prompt(evals, args.seed)
     cv = cross_validate(calib, args.folds, args.seed, args.min_positives)
     chosen = min(OBJECTIVES, key=lambda o: sum(cv[o]))
     before = per_position_ece(evals["conf_logits"], evals["accept_len"])
     gamma = len(before)
     result = {
         "benchmark": "sts_calibration", "rounds_file": args.rounds, "temperature": data["temperature"],
+        "splits": "halves of the eval split's prompts" if args.in_domain else "calibration -> eval",
         "calibration": {"rounds": len(calib["accept_len"]), "prompts": len(calib["domain"]),
                         "accepted_prefixes": prefix_labels(calib["accept_len"], gamma).sum(0).tolist()},
         "eval": {"rounds": len(evals["accept_len"]), "prompts": len(evals["domain"]),

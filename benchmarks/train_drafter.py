@@ -94,6 +94,20 @@ def train_command(out: Path, minutes: float, *extra) -> list[str]:
                   *[DATA / d for d in TRAIN_DATA], "--time-budget-min", minutes, *COMMON_TRAIN, *extra)
 
 
+def train_commands(minutes: float, layers: int, only: str | None = None, threads: int | None = None) -> dict:
+    """DSpark and its DFlash ablation (`--markov-rank 0`) at equal data, time and seed, or the subset
+    `only` names; `threads` per run defaults to this host's two cores shared among the runs."""
+    runs = {"dspark": arch_args(num_layers=layers), "dflash": arch_args(num_layers=layers, markov_rank=0)}
+    names = only.split(",") if only else list(runs)
+    unknown = sorted(set(names) - set(runs))
+    if unknown:
+        raise ValueError(f"train --only: unknown run(s) {unknown}; choose from {sorted(runs)}")
+    threads = threads or max(1, 2 // len(names))
+    checks = ["--check-every-min", "30"]  # a measured tau of the checkpoint every half hour
+    # the trailing --threads overrides COMMON_TRAIN's (argparse keeps the last)
+    return {f"train-{n}": train_command(TRAINED[n], minutes, *runs[n], *checks, "--threads", threads) for n in names}
+
+
 def eval_command(name: str, max_new_tokens: int, benches: str, calibration: int) -> list[str]:
     """Only the new drafter's STS is fitted (the others ship none)."""
     benches = [x for b in benches.split(",") for x in ("--bench", b)]
@@ -155,8 +169,10 @@ def main() -> int:
                         "each category (mt-bench:5 is 40 of the 80) (default: %(default)s, every prompt)")
     parser.add_argument("--calibration", type=int, default=200,
                         help="evaluate: held-out ShareGPT prompts STS is fitted on (default: %(default)s)")
-    parser.add_argument("--only", default=None, help="evaluate: comma-separated subset of dspark,dflash,previous; "
-                        "the first runs beside the others in turn (default: all)")
+    parser.add_argument("--only", default=None, help="train: comma-separated subset of dspark,dflash; evaluate: of "
+                        "dspark,dflash,previous, the first runs beside the others in turn (default: all)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="train: CPU threads per run (default: 2 for one run, 1 each for two)")
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     if args.phase == "data":
@@ -167,12 +183,11 @@ def main() -> int:
 
         run_candidates(train_command, args.minutes)
     elif args.phase == "train":
-        checks = ["--check-every-min", "30"]  # a measured tau of the checkpoint every half hour
-        layers = args.num_layers or ARCH["num-layers"]
-        run_parallel({"train-dspark": train_command(TRAINED["dspark"], args.minutes, *arch_args(num_layers=layers),
-                                                    *checks),
-                      "train-dflash": train_command(TRAINED["dflash"], args.minutes,
-                                                    *arch_args(num_layers=layers, markov_rank=0), *checks)})
+        try:
+            commands = train_commands(args.minutes, args.num_layers or ARCH["num-layers"], args.only, args.threads)
+        except ValueError as e:
+            parser.error(str(e))
+        run_parallel(commands)
     elif args.phase == "evaluate":
         keep_previous()
         names = args.only.split(",") if args.only else list(EVALUATED)

@@ -1,8 +1,11 @@
 """benchmarks/train_drafter.py: evaluating a trained drafter never overwrites the shipped drafter's
-STS file; shipping copies the drafter and its STS together."""
+STS file; shipping copies the drafter and its STS together; `train` runs both drafters or the one
+named, sharing the host's cores."""
 
 import sys
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import train_drafter  # noqa: E402
@@ -34,3 +37,24 @@ def test_ship_copies_the_drafter_and_its_sts_and_keeps_the_previous_drafter(tmp_
     assert all((shipped / n).read_text() == f"new {n}" for n in train_drafter.SHIPPED_FILES)
     assert all((previous / n).read_text() == f"old {n}" for n in train_drafter.SHIPPED_FILES)
     assert (tmp_path / "sts_shipped.json").read_text() == "new sts"
+
+
+def _flag(cmd, name):
+    cmd = [str(x) for x in cmd]
+    return [cmd[i + 1] for i, x in enumerate(cmd) if x == name]
+
+
+def test_train_runs_both_drafters_on_a_core_each_or_one_on_both():
+    both = train_drafter.train_commands(10, 2)
+    assert set(both) == {"train-dspark", "train-dflash"}
+    assert [_flag(c, "--threads")[-1] for c in both.values()] == ["1", "1"]  # the last --threads wins
+    assert _flag(both["train-dflash"], "--markov-rank") == ["0"]
+    assert _flag(both["train-dspark"], "--markov-rank") == [str(train_drafter.ARCH["markov-rank"])]
+    alone = train_drafter.train_commands(10, 2, only="dspark")
+    assert list(alone) == ["train-dspark"] and _flag(alone["train-dspark"], "--threads")[-1] == "2"
+    assert _flag(train_drafter.train_commands(10, 2, only="dspark", threads=3)["train-dspark"], "--threads")[-1] == "3"
+
+
+def test_train_refuses_an_unknown_run():
+    with pytest.raises(ValueError, match="unknown run"):
+        train_drafter.train_commands(10, 2, only="dspark,eagle")

@@ -5,6 +5,8 @@ a headless sweep and its frontier, the gate failing on an unreachable tier, dist
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import random
 import subprocess
@@ -13,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from loopback_server import dead_loopback_server, serve_engine_on_loopback
+from loopback_server import dead_loopback_server, serve_engine_on_loopback, serve_on_loopback
 from sglang_dspark.loadtest.__main__ import main
 from sglang_dspark.loadtest.report import load_arms
 from sglang_dspark.loadtest.sse import read_sse
@@ -287,10 +289,54 @@ def test_distributed_locust_gives_the_same_report(reference_server, tmp_path, ca
     assert "1 workers connected" in log and "Got quit message from master" in log
 
 
+@contextlib.contextmanager
+def slow_server(delay_s: float):
+    """An OpenAI-compatible loopback server whose every streamed answer starts `delay_s` after the
+    request: longer than a step, so only requests allowed to finish past the step's end count."""
+    from fastapi import FastAPI
+    from fastapi.responses import StreamingResponse
+
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    def models():
+        return {"object": "list", "data": [{"id": "slow", "object": "model"}]}
+
+    async def stream(chat: bool):
+        await asyncio.sleep(delay_s)
+        for word in (" a", " b", " c"):
+            choice = {"delta": {"content": word}} if chat else {"text": word}
+            yield f"data: {json.dumps({'choices': [choice], 'usage': None})}\n\n"
+            await asyncio.sleep(0.05)
+        yield 'data: {"choices": [], "usage": {"completion_tokens": 3}}\n\n'
+        yield "data: [DONE]\n\n"
+
+    @app.post("/v1/chat/completions")
+    def chat_completions():
+        return StreamingResponse(stream(True), media_type="text/event-stream")
+
+    @app.post("/v1/completions")
+    def completions():
+        return StreamingResponse(stream(False), media_type="text/event-stream")
+
+    with serve_on_loopback(app) as base:
+        yield base
+
+
+def test_requests_in_flight_when_a_step_ends_still_count(tmp_path, capsys):
+    with slow_server(delay_s=2.5) as base:  # every request outlasts the 1 s step
+        rc, err = run_cli(["run", "--host", base, "--users", "1", "--duration", "1s", "--max-tokens", "3",
+                           "--out", str(tmp_path / "run")], capsys)
+    assert rc == 0, err
+    step = json.loads((tmp_path / "run" / "report.json").read_text())["steps"][0]
+    assert step["requests"] >= 1 and step["failures"] == 0
+
+
 def test_locust_shape_run_as_a_locust_user_would(reference_server, tmp_path):
     records = tmp_path / "records.json"
     cmd = [sys.executable, "-m", "locust", "-f", f"{REPO}/loadtests/locustfile.py,{REPO}/loadtests/shape.py",
            "--headless", "--host", reference_server, "--only-summary", "--llm-steps", "1,2", "--llm-step-time", "1s",
+           "--stop-timeout", "60",  # the last step's requests finish however slow this host is
            "--llm-max-tokens", "8", "--llm-records", str(records), "--json-file", str(tmp_path / "stats")]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -17,6 +17,9 @@ from pathlib import Path
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 START_SLACK_S = 60  # Locust's start-up, the workers' connection and its shutdown, beyond the run time
+# When the run time is up, requests in flight run to completion (up to this long) instead of being cut
+# off: a slow host still records what a step sent, and long requests are not dropped in favour of short.
+STOP_TIMEOUT_S = 120
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,8 @@ def run_locust(*, host: str, users: int, duration_s: int, out_dir: Path, llm_opt
         stale.unlink(missing_ok=True)
     locust = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE)]
     main = [*locust, "--headless", "--host", host, "-u", str(users), "-r", str(users), "-t", f"{duration_s}s",
-            "--only-summary", "--exit-code-on-error", "0", "--json-file", str(files.locust_json.with_suffix("")),
+            "--stop-timeout", str(STOP_TIMEOUT_S), "--only-summary", "--exit-code-on-error", "0",
+            "--json-file", str(files.locust_json.with_suffix("")),
             "--llm-records", str(files.records), *llm_options]
     env = {**os.environ, "LOCUST_LLM_API_KEY": api_key or ""}  # not on the command line, where ps shows it
     worker_cmds = []
@@ -53,7 +57,7 @@ def run_locust(*, host: str, users: int, duration_s: int, out_dir: Path, llm_opt
     with open(files.log, "wb") as log:
         procs = [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
                  for cmd in [main, *worker_cmds]]
-        deadline = time.monotonic() + duration_s + START_SLACK_S
+        deadline = time.monotonic() + duration_s + STOP_TIMEOUT_S + START_SLACK_S
         try:
             for proc in procs:  # TimeoutExpired past the deadline; everything is killed on the way out
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))

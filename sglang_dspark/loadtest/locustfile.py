@@ -1,11 +1,12 @@
 """Locust user for OpenAI-compatible streaming LLM servers (SGLang, sglang-router, the reference server).
 
     locust -f loadtests/locustfile.py --host http://127.0.0.1:30000 --headless -u 4 -r 4 -t 60s \\
-        --llm-max-tokens 128 --llm-records records.json
+        --stop-timeout 120 --llm-max-tokens 128 --llm-records records.json
     locust -f loadtests/locustfile.py,loadtests/shape.py --host ... --headless --llm-steps 1,4,16 --llm-step-time 30s
 
-Each user streams one request after another (closed loop, so concurrency = users). Per request it
-records TTFT, the arrival of every content chunk and the output tokens from the usage chunk, and
+Each user streams one request after another (closed loop, so concurrency = users). Without
+--stop-timeout Locust cuts off the requests in flight when the run time is up, and drops them.
+Per request it records TTFT, the arrival of every content chunk and the output tokens from the usage chunk, and
 from them per-user speed (n_out - 1) / (t_last - t_first) (definitions: `summary.py`). Locust's own
 row for the request gets the full stream time and its bytes (for a streamed body Locust would
 record time to headers and length 0), and METRIC rows ttft_ms, itl_ms and user_tok_s are fired.

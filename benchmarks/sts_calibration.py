@@ -68,14 +68,15 @@ def subset(split, prompts: torch.Tensor) -> dict:
 
 
 def halve_by_prompt(split, seed: int) -> tuple[dict, dict]:
-    """Two disjoint halves of a split's prompts, each domain split evenly (odd counts: the extra
-    prompt goes to the first half), so both halves see the same mix of traffic."""
+    """Two disjoint halves of a split's prompts, each domain split evenly, so both halves see the
+    same mix of traffic; a domain's odd prompt goes to the half that is smaller so far."""
     gen = torch.Generator().manual_seed(seed)
     first, second = [], []
     for domain in sorted(set(split["domain"])):
         members = torch.tensor([i for i, d in enumerate(split["domain"]) if d == domain])
         members = members[torch.randperm(len(members), generator=gen)]
-        half = (len(members) + 1) // 2
+        small_first = sum(map(len, first)) <= sum(map(len, second))
+        half = (len(members) + small_first) // 2
         first.append(members[:half])
         second.append(members[half:])
     return subset(split, torch.cat(first).sort().values), subset(split, torch.cat(second).sort().values)
@@ -213,10 +214,15 @@ def main() -> None:
                         help="ignore the calibration split: fit on a random half of the eval split's prompts "
                         "(each domain halved) and measure on the other half; set against the default run, this "
                         "separates miscalibration from the shift between calibration traffic and eval traffic")
-    parser.add_argument("--plot", default=str(ROOT / "benchmarks/results/sts_calibration.png"),
-                        help="reliability diagram (positions 1-3); empty to skip (default: %(default)s)")
+    parser.add_argument("--plot", default=None,
+                        help="reliability diagram (positions 1-3); empty to skip (default: --out with .png)")
     args = parser.parse_args()
 
+    if args.in_domain and args.sts_out:
+        parser.error("--sts-out with --in-domain: that fit saw half of the eval traffic; ship a fit of the "
+                     "calibration split (drop --in-domain)")
+    if args.plot is None:
+        args.plot = str(Path(args.out).with_suffix(".png"))
     data = torch.load(args.rounds)
     calib, evals = data["calibration"], data["eval"]
     if args.in_domain:  # fit and measure on disjoint halves of the same traffic

@@ -96,12 +96,16 @@ def train_command(out: Path, minutes: float, *extra) -> list[str]:
 
 def train_commands(minutes: float, layers: int, only: str | None = None, threads: int | None = None) -> dict:
     """DSpark and its DFlash ablation (`--markov-rank 0`) at equal data, time and seed, or the subset
-    `only` names; `threads` per run defaults to this host's two cores shared among the runs."""
+    `only` names; `threads` per run defaults to this host's two cores shared among the runs. A run
+    resumes the checkpoint already in its directory (runs/drafter-<name>): start from an empty one
+    for a fresh run."""
     runs = {"dspark": arch_args(num_layers=layers), "dflash": arch_args(num_layers=layers, markov_rank=0)}
     names = only.split(",") if only else list(runs)
     unknown = sorted(set(names) - set(runs))
     if unknown:
         raise ValueError(f"train --only: unknown run(s) {unknown}; choose from {sorted(runs)}")
+    if threads is not None and threads < 1:
+        raise ValueError(f"train --threads: {threads}; need at least 1")
     threads = threads or max(1, 2 // len(names))
     checks = ["--check-every-min", "30"]  # a measured tau of the checkpoint every half hour
     # the trailing --threads overrides COMMON_TRAIN's (argparse keeps the last)

@@ -338,7 +338,7 @@ def test_locust_shape_run_as_a_locust_user_would(reference_server, tmp_path):
            "--headless", "--host", reference_server, "--only-summary", "--llm-steps", "1,2", "--llm-step-time", "1s",
            "--stop-timeout", "60",  # the last step's requests finish however slow this host is
            "--llm-max-tokens", "8", "--llm-records", str(records), "--json-file", str(tmp_path / "stats")]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(records.read_text())
     assert {(r["step"], r["users"]) for r in rows} == {(0, 1), (1, 2)}

@@ -37,6 +37,9 @@ def test_script_on_the_shipped_profile(tmp_path):
     assert rows["strong"]["best_k"] > 0 and rows["strong"]["max_speedup"] > 1.0
     for r in rows.values():
         assert r["max_speedup_drafter_free"] >= r["max_speedup"]
+    # where drafting pays, removing the drafter's cost pays strictly more
+    assert rows["strong"]["max_speedup_drafter_free"] > rows["strong"]["max_speedup"]
+    assert rows["strong"]["best_k_drafter_free"] >= rows["strong"]["best_k"]
     assert all(free < drafted for free, drafted in zip(result["verify_only_step_ms"], result["drafted_step_ms"]))
     needed, needed_free = result["per_draft_acceptance_needed"], result["per_draft_acceptance_needed_drafter_free"]
     assert 0 < needed_free["2x"] <= needed["2x"] < 1

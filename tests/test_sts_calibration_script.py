@@ -39,6 +39,19 @@ def test_halves_are_disjoint_cover_every_round_and_split_each_domain():
     assert {tuple(r.tolist()) for r in torch.cat([first["conf_logits"], second["conf_logits"]])} == rows
 
 
+def test_odd_domains_do_not_all_favour_one_half():
+    # MT-Bench at 5 prompts per category: the odd prompts alternate, the halves differ by at most one
+    first, second = halve_by_prompt(synthetic_split({f"cat{i}": 5 for i in range(8)}, rounds_per_prompt=1), seed=0)
+    assert {len(first["domain"]), len(second["domain"])} == {20}
+
+
+def test_an_in_domain_fit_is_never_written_as_the_sts_file(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/sts_calibration.py"), "--rounds", str(tmp_path / "r.pt"),
+                           "--in-domain", "--sts-out", str(tmp_path / "sts.json")], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 2 and "--sts-out with --in-domain" in done.stderr
+    assert not (tmp_path / "sts.json").exists()
+
+
 def test_in_domain_run_fits_on_one_half_and_lowers_ece(tmp_path):
     rounds = tmp_path / "rounds.t0.pt"
     # a calibration split of other traffic that must be ignored: here perfectly calibrated
@@ -47,8 +60,9 @@ def test_in_domain_run_fits_on_one_half_and_lowers_ece(tmp_path):
                 "eval": synthetic_split({"chat": 20, "code": 20}, rounds_per_prompt=100)}, rounds)
     out = tmp_path / "out.json"
     subprocess.run([sys.executable, str(ROOT / "benchmarks/sts_calibration.py"), "--rounds", str(rounds), "--in-domain",
-                    "--bootstrap", "20", "--out", str(out), "--plot", ""], check=True, capture_output=True, cwd=ROOT)
+                    "--bootstrap", "20", "--out", str(out)], check=True, capture_output=True, cwd=ROOT)
     result = json.loads(out.read_text())
+    assert out.with_suffix(".png").is_file()  # the plot goes next to --out by default
     assert result["splits"] == "halves of the eval split's prompts"
     assert result["calibration"]["prompts"] == 20 and result["eval"]["prompts"] == 20
     assert result["chosen"]["temperatures"][0] > 1.5  # recovers the overconfidence (T = 2), not the other split's 1

@@ -58,3 +58,5 @@ def test_train_runs_both_drafters_on_a_core_each_or_one_on_both():
 def test_train_refuses_an_unknown_run():
     with pytest.raises(ValueError, match="unknown run"):
         train_drafter.train_commands(10, 2, only="dspark,eagle")
+    with pytest.raises(ValueError, match="at least 1"):
+        train_drafter.train_commands(10, 2, only="dspark", threads=0)

@@ -46,7 +46,7 @@ DATASETS = {  # name -> build_data arguments
 }
 TRAIN_DATA = ["sharegpt-tf", "sharegpt-op"]
 ARCH = {"num-layers": 2, "markov-rank": 256, "markov-head-type": "vanilla", "hot-vocab": 8192}
-COMMON_TRAIN = ["--seed", "0", "--block-size", "7", "--threads", "1", "--seqs-per-step", "2",
+COMMON_TRAIN = ["--seed", "0", "--block-size", "7", "--seqs-per-step", "2",
                 "--anchors-per-seq", "64", "--lr", "2e-3", "--heldout", str(DATA / "heldout-op")]
 TRAINED = {"dspark": RUNS / "drafter-dspark", "dflash": RUNS / "drafter-dflash"}
 EVALUATED = {"dspark": TRAINED["dspark"], "dflash": TRAINED["dflash"], "previous": PREVIOUS}
@@ -89,9 +89,10 @@ def build_command(name: str, minutes: float | None, threads: int = 1) -> list[st
                   "--threads", threads, *DATASETS[name], *budget)
 
 
-def train_command(out: Path, minutes: float, *extra) -> list[str]:
+def train_command(out: Path, minutes: float, *extra, threads: int = 1) -> list[str]:
     return python("sglang_dspark.train", "--target", TARGET, "--out", out, "--data",
-                  *[DATA / d for d in TRAIN_DATA], "--time-budget-min", minutes, *COMMON_TRAIN, *extra)
+                  *[DATA / d for d in TRAIN_DATA], "--time-budget-min", minutes, "--threads", threads,
+                  *COMMON_TRAIN, *extra)
 
 
 def train_commands(minutes: float, layers: int, only: str | None = None, threads: int | None = None) -> dict:
@@ -108,8 +109,7 @@ def train_commands(minutes: float, layers: int, only: str | None = None, threads
         raise ValueError(f"train --threads: {threads}; need at least 1")
     threads = threads or max(1, 2 // len(names))
     checks = ["--check-every-min", "30"]  # a measured tau of the checkpoint every half hour
-    # the trailing --threads overrides COMMON_TRAIN's (argparse keeps the last)
-    return {f"train-{n}": train_command(TRAINED[n], minutes, *runs[n], *checks, "--threads", threads) for n in names}
+    return {f"train-{n}": train_command(TRAINED[n], minutes, *runs[n], *checks, threads=threads) for n in names}
 
 
 def eval_command(name: str, max_new_tokens: int, benches: str, calibration: int) -> list[str]:

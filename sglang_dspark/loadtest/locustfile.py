@@ -6,8 +6,8 @@
 
 Each user streams one request after another (closed loop, so concurrency = users). Without
 --stop-timeout Locust cuts off the requests in flight when the run time is up, and drops them.
-Per request it records TTFT, the arrival of every content chunk and the output tokens from the usage chunk, and
-from them per-user speed (n_out - 1) / (t_last - t_first) (definitions: `summary.py`). Locust's own
+Per request it records TTFT, the arrival of every content chunk and the output tokens from the
+usage chunk, and from them per-user speed (n_out - 1) / (t_last - t_first) (definitions: `summary.py`). Locust's own
 row for the request gets the full stream time and its bytes (for a streamed body Locust would
 record time to headers and length 0), and METRIC rows ttft_ms, itl_ms and user_tok_s are fired.
 Records go to the master (`locust_hooks.py`), so a distributed run (--master / --worker) works

@@ -89,12 +89,24 @@ def test_twice_the_concurrency_loses_no_request_and_no_token(server):
     assert f"sglang_dspark_num_queued_reqs {float(MAX_RUNNING)}" in text.decode()  # and the gauge showed it
 
 
+def _finished(base: str) -> dict[str, float]:
+    """sglang_dspark_requests_finished_total by reason."""
+    prefix = 'sglang_dspark_requests_finished_total{reason="'
+    return {line[len(prefix):].split('"')[0]: float(line.split()[-1])
+            for line in httpx.get(f"{base}/metrics").text.splitlines() if line.startswith(prefix)}
+
+
 def test_clients_that_hang_up_free_every_slot_and_the_gauges_say_so(server):
     engine, base = server
+    before = _finished(base)
     with ThreadPoolExecutor(20) as pool:
         results = list(pool.map(lambda _: _stream(base, 200, stop_after=2), range(20)))
     assert all(r["chunks"] == 2 and r["finish_reason"] is None for r in results)  # all left mid-stream
     assert _until(lambda: _gauges(base) == (0.0, 0.0)), _gauges(base)
+    # Freed by the hang-up, not by running out their 200 tokens: every one of them ended "abort".
+    after = _finished(base)
+    ended = {k: after[k] - before.get(k, 0.0) for k in after if after[k] != before.get(k, 0.0)}
+    assert ended == {"abort": 20.0}, ended
     free = engine.call(lambda e: (e.idle, e.scheduler.has_free_slot, len(e.scheduler._free_slots))).result(10)
     assert free == (True, True, MAX_RUNNING)
 

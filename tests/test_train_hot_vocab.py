@@ -39,7 +39,8 @@ def test_target_probs_from_the_log_normaliser_are_exact():
     torch.testing.assert_close(probs, full[:, HOT])
     torch.testing.assert_close(outside, 1 - full[:, HOT].sum(-1))
     whole, none = target_probs(final, head, None)
-    torch.testing.assert_close(whole, full) and none is None
+    torch.testing.assert_close(whole, full)
+    assert none is None  # no hot set: nothing lies outside it
 
 
 def _losses_and_grads(hot: bool):

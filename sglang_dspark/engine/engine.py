@@ -270,7 +270,7 @@ class Engine:
         done = [i for i, c in enumerate(chunks) if c.start + len(c.tokens) == c.request.num_prompt]
         if done:  # the first output token comes from the prompt's last position
             batch = self._sampling([chunks[i].request for i in done])
-            first = batch.sample(batch.probs(logits[done]))
+            first = batch.sample(batch.probs(batch.biased(logits[done])))
             result.first_tokens = dict(zip(done, first.tolist()))
         return result
 
@@ -281,7 +281,7 @@ class Engine:
         lens = torch.zeros(len(reqs), dtype=torch.int64)
         drafts = probs = conf = conf_logits = None
         if plan.draft:
-            out = self.runner.draft(rows, batch.draft_sampler())
+            out = self.runner.draft(rows, batch.draft_sampler(self.runner.drafter.draft_vocab))
             drafts, probs, conf_logits = out.tokens, out.probs, out.conf_logits
             conf = apply_sts(conf_logits, self.sts)
             lens = self.policy.allocate(conf, plan)

@@ -2,7 +2,9 @@
 
 Rejection sampling is exact for any draft distribution, so the draft side uses the same
 processing as the target side (temperature, top-k, top-p): the closer the two, the more drafts
-survive. Greedy requests (temperature 0) take the argmax on both sides.
+survive. Greedy requests (temperature 0) take the argmax on both sides. A request's logit_bias is added to
+the raw logits before all of that, on the target's side and the drafter's, so the output is
+exactly the biased target's (OpenAI's semantics: bias, then sampling).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from sglang_dspark.core.sampling import inverse_cdf
 
 
 MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range is [-100, 100]; -100 bans a token in practice
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,8 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False  # return the target's logprob of every emitted token
     top_logprobs: int = 0  # and its this many most likely alternatives (OpenAI allows up to 20)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), ids distinct
+    prompt_logprobs: bool = False  # also the target's logprob of every prompt token (echo)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -42,6 +47,11 @@ class SamplingParams:
             raise ValueError(f"seed: must be in [0, 2**64), got {self.seed}")
         if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"top_logprobs: must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
+        ids = [t for t, _ in self.logit_bias]
+        if len(set(ids)) != len(ids) or any(t < 0 for t in ids):
+            raise ValueError("logit_bias: token ids must be distinct and >= 0")
+        if any(not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS for _, b in self.logit_bias):
+            raise ValueError(f"logit_bias: values must be in [{-MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]")
 
     @property
     def greedy(self) -> bool:
@@ -61,6 +71,8 @@ class SamplingBatch:
     top_k: torch.Tensor  # int64 [R]
     generators: list[torch.Generator | None]
     shared: torch.Generator = field(default_factory=torch.Generator)
+    # logit_bias of all rows as (row, token id, value) columns; None when no row has one
+    bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
     def build(cls, params: list[SamplingParams], generators: list[torch.Generator | None], shared: torch.Generator):
@@ -70,7 +82,31 @@ class SamplingBatch:
             top_k=torch.tensor([p.top_k for p in params], dtype=torch.int64),
             generators=generators,
             shared=shared,
+            bias=_bias_columns(params),
         )
+
+    def biased(self, logits: torch.Tensor, lens: torch.Tensor | None = None,
+               vocab: torch.Tensor | None = None) -> torch.Tensor:
+        """logits [R, ..., V] plus each row's logit_bias (a new tensor; the input when no row has
+        one). With `lens`, logits are ragged [sum(1 + lens), V] (row r owns 1 + lens[r] of them).
+        With `vocab` (a drafter's draft vocabulary: column j is token vocab[j]), biases of tokens
+        outside it are dropped: the drafter cannot propose them anyway."""
+        if self.bias is None:
+            return logits
+        rows, ids, vals = self.bias
+        if vocab is not None:
+            match = ids[:, None] == vocab.to(ids.device)[None, :]
+            keep = match.any(-1)
+            rows, ids, vals = rows[keep], match[keep].float().argmax(-1), vals[keep]
+        out = logits.float().clone()
+        if lens is not None:  # every logit row of request r gets request r's bias
+            starts = torch.cumsum(1 + lens, 0) - (1 + lens)
+            reps = (1 + lens)[rows]
+            flat = torch.repeat_interleave(starts[rows], reps) + _ranges(reps)
+            out[flat, torch.repeat_interleave(ids, reps)] += torch.repeat_interleave(vals, reps)
+            return out
+        out[rows, ..., ids] += vals.view(-1, *(1,) * (logits.dim() - 2))
+        return out
 
     @property
     def greedy(self) -> torch.Tensor:
@@ -112,11 +148,26 @@ class SamplingBatch:
         """One token per row of probs [R, V], each row with its own random number."""
         return inverse_cdf(probs, self.uniform())
 
-    def draft_sampler(self):
-        """The drafter's per-position sampler: (logits [R, V], k) -> (tokens [R], probs [R, V])."""
+    def draft_sampler(self, vocab: torch.Tensor | None = None):
+        """The drafter's per-position sampler: (logits [R, V], k) -> (tokens [R], probs [R, V]);
+        `vocab`: the drafter's draft vocabulary when its logits cover only that."""
 
         def sample(logits: torch.Tensor, k: int):
-            probs = self.probs(logits)
+            probs = self.probs(self.biased(logits, vocab=vocab))
             return self.sample(probs), probs
 
         return sample
+
+
+def _bias_columns(params: list[SamplingParams]):
+    entries = [(r, t, b) for r, p in enumerate(params) for t, b in p.logit_bias]
+    if not entries:
+        return None
+    rows, ids, vals = zip(*entries)
+    return torch.tensor(rows), torch.tensor(ids), torch.tensor(vals, dtype=torch.float32)
+
+
+def _ranges(counts: torch.Tensor) -> torch.Tensor:
+    """[0..c0), [0..c1), ... concatenated."""
+    ends = torch.cumsum(counts, 0)
+    return torch.arange(int(ends[-1])) - torch.repeat_interleave(ends - counts, counts)

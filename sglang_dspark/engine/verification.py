@@ -24,6 +24,7 @@ def verify_step(batch: SamplingBatch, drafts: torch.Tensor | None, draft_probs: 
                 ragged_logits: torch.Tensor, lens: torch.Tensor, shared: torch.Generator
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(accepted drafts [R], next token [R]) for ragged logits [sum(1 + lens), V]."""
+    ragged_logits = batch.biased(ragged_logits, lens)  # logit_bias before every verification path
     R = lens.numel()
     width = int(lens.max()) if R else 0
     if width == 0:  # nothing to verify (one row per request): sample the next token from it

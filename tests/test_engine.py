@@ -7,6 +7,7 @@ from engine_fixtures import EOS, VOCAB, TickClock, ToyTokenizer, run_to_completi
 from scipy import stats
 
 from sglang_dspark.core.sps import SpsTable
+from sglang_dspark.engine.engine import EngineConfig
 from sglang_dspark.engine.sampling import SamplingParams
 
 ALPHA = 1e-3
@@ -155,6 +156,17 @@ def test_prompt_that_does_not_fit_is_refused():
         raise AssertionError("an oversized prompt must be refused")
 
 
+def _documented_drafts(steps: int, every: int, cap: int) -> int:
+    """Drafter runs in `steps` decode steps where no draft pays, as the policy documents them: the
+    first step measures, then a probe after `every` undrafted steps, the wait doubling up to `cap`."""
+    drafts, step, wait = 1, 1, every
+    while step + wait < steps:
+        step += wait + 1
+        drafts += 1
+        wait = min(2 * wait, cap)
+    return drafts
+
+
 def test_scheduled_engine_skips_the_drafter_when_no_draft_pays_and_probes_periodically():
     hf = tiny_hf_target()
     steep = SpsTable.from_points([1, 2], [100.0, 1.0], max_batch_tokens=64)  # any draft halves throughput
@@ -169,7 +181,7 @@ def test_scheduled_engine_skips_the_drafter_when_no_draft_pays_and_probes_period
     # probe_every + 1 steps, since the measured confidences make no draft worth verifying.
     first = list(engine.records)[0]
     assert first.budget == 0 and first.num_verify_tokens == 1 and first.draft_ms > 0
-    assert 1 <= len(calls) <= 1 + steps // 5 + 1 < steps
+    assert len(calls) == _documented_drafts(steps, every=4, cap=EngineConfig.probe_max) >= 3 and len(calls) < steps
     assert all(r.accepted_drafts == 0 for r in list(engine.records)[1:] if r.num_verify_tokens == 1)
 
 
@@ -196,7 +208,7 @@ def test_probes_back_off_and_new_requests_use_the_observed_prior():
     assert run_to_completion(engine, [[5, 9, 11]], [params])[0] == hf_greedy(hf, [5, 9, 11], 120)
     steps = len(engine.records)
     # 1 measuring draft, then probes after 4, 8, 16, 16, ... undrafted steps
-    assert len(calls) <= 1 + 3 + (steps - 28) // 17 + 1 and steps > 100
+    assert len(calls) == _documented_drafts(steps, every=4, cap=16) == 9 and steps > 100
     first = len(calls)
     run_to_completion(engine, [[7, 3]], [SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)])
     assert len(calls) == first  # the new request inherits the observed (worthless) confidences

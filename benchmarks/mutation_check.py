@@ -76,7 +76,7 @@ MUTANTS = [
            (T + "test_sglang_plugin.py",)),
     Mutant("refit: ms / s slip (1-D table)", "sglang_dspark/profile/measure.py",
            "cost = fit_cost_table([m.batch_tokens for m in rows], [m.median_ms / 1e3 for m in rows], max_batch_tokens)",
-           "cost = fit_cost_table([m.batch_tokens for m in rows], [m.median_ms / 1e2 for m in rows], max_batch_tokens)",
+           "cost = fit_cost_table([m.batch_tokens for m in rows], [m.median_ms for m in rows], max_batch_tokens)",
            (T + "test_profiles.py::test_cli_refit_rederives_the_tables_from_the_measurements",)),
     Mutant("refit: ms / s slip (additive table)", "sglang_dspark/profile/measure.py",
            "                                        [m.median_ms / 1e3 for m in rows], drafted)",

@@ -291,6 +291,12 @@ def test_cli_refit_rederives_the_tables_from_the_measurements(tmp_path, good_yam
     assert after.sps.additive is not None and after.sps.draft_skip_seconds is not None
     assert after.sps.measurements == before.sps.measurements and after.fingerprint == before.fingerprint
     assert after.sps.cost.sample_batch_tokens == [1, 4, 8, 16]  # one entry per measured B
+    # The values, from the measured medians (10.47, 11.1, 14.03, 20.0 ms): SPS = 1000 / ms, and the
+    # additive table prices every measured step at its median (4 points, as many free parameters).
+    assert after.sps.cost.sample_steps_per_sec == pytest.approx([1000 / 10.47, 1000 / 11.1, 1000 / 14.03, 50.0], rel=1e-6)
+    table = after.sps_table()
+    for r, b, ms in [(1, 1, 10.47), (1, 4, 11.1), (4, 8, 14.03), (4, 16, 20.0)]:
+        assert 1e3 / table(b, num_requests=r, drafted=b > r) == pytest.approx(ms, rel=1e-3), (r, b)
     empty = tmp_path / "empty.yaml"
     before.model_copy(update={"sps": before.sps.model_copy(update={"measurements": []})}).save(empty)
     assert main(["refit", str(empty)]) == 2

@@ -71,6 +71,8 @@ class PrefillResult:
     chunks: list[PrefillChunk]
     last_logits: torch.Tensor  # [len(chunks), V]: each chunk's last position
     first_tokens: dict[int, int] = field(default_factory=dict)  # chunk index -> first output token
+    # chunk index -> logits [len(chunk), V] of its every position, for requests with prompt_logprobs
+    chunk_logits: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -265,8 +267,14 @@ class Engine:
 
     # ---- run -----------------------------------------------------------------------------------
     def _run_prefill(self, chunks: list[PrefillChunk]) -> PrefillResult:
-        logits = self.runner.prefill([(c.request.slot, c.start, c.tokens) for c in chunks])
-        result = PrefillResult(chunks, logits)
+        echo = [i for i, c in enumerate(chunks) if c.request.params.prompt_logprobs]
+        logits = self.runner.prefill([(c.request.slot, c.start, c.tokens) for c in chunks], all_logits=bool(echo))
+        chunk_logits = {}
+        if echo:  # every position's logits: keep the echoing chunks', pass on each chunk's last
+            ends = torch.cumsum(torch.tensor([len(c.tokens) for c in chunks]), 0)
+            chunk_logits = {i: logits[int(ends[i]) - len(chunks[i].tokens) : int(ends[i])] for i in echo}
+            logits = logits[ends - 1]
+        result = PrefillResult(chunks, logits, chunk_logits=chunk_logits)
         done = [i for i, c in enumerate(chunks) if c.start + len(c.tokens) == c.request.num_prompt]
         if done:  # the first output token comes from the prompt's last position
             batch = self._sampling([chunks[i].request for i in done])
@@ -281,7 +289,7 @@ class Engine:
         lens = torch.zeros(len(reqs), dtype=torch.int64)
         drafts = probs = conf = conf_logits = None
         if plan.draft:
-            out = self.runner.draft(rows, batch.draft_sampler(self.runner.drafter.draft_vocab))
+            out = self.runner.draft(rows, batch.draft_sampler(getattr(self.runner.drafter, "draft_vocab", None)))
             drafts, probs, conf_logits = out.tokens, out.probs, out.conf_logits
             conf = apply_sts(conf_logits, self.sts)
             lens = self.policy.allocate(conf, plan)
@@ -296,6 +304,11 @@ class Engine:
     def _commit_prefill(self, result: PrefillResult) -> None:
         for i, chunk in enumerate(result.chunks):
             req = chunk.request
+            if i in result.chunk_logits:  # row j predicts prompt token start + j + 1
+                m = min(len(chunk.tokens), req.num_prompt - chunk.start - 1)
+                req.prompt_logprobs.extend(token_logprobs(
+                    result.chunk_logits[i][:m], req.prompt_ids[chunk.start + 1 : chunk.start + 1 + m],
+                    req.params.top_logprobs))
             req.kv_len += len(chunk.tokens)
             self.metrics.prompt_tokens.inc(len(chunk.tokens))
             if i in result.first_tokens:

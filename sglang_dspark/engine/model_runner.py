@@ -44,11 +44,13 @@ class ModelRunner:
             total += self.draft_cache.k.numel() * self.draft_cache.k.element_size() * 2
         return total
 
-    def prefill(self, chunks: list[tuple[int, int, list[int]]]) -> torch.Tensor:
+    def prefill(self, chunks: list[tuple[int, int, list[int]]], all_logits: bool = False) -> torch.Tensor:
         """Run prompt chunks (slot, start, token ids); logits [len(chunks), V] of each chunk's last
-        token. Their hidden states become drafter context."""
+        token, or with `all_logits` [total tokens, V] of every token (prompt logprobs). Their hidden
+        states become drafter context."""
         segments = [Segment(slot, start, torch.tensor(tokens)) for slot, start, tokens in chunks]
-        out = self.target.forward_segments(segments, self.cache, capture_layers=self.capture, logits_for="last")
+        out = self.target.forward_segments(segments, self.cache, capture_layers=self.capture,
+                                           logits_for="all" if all_logits else "last")
         if self.draft_cache is not None:
             offset = 0
             for seg in segments:

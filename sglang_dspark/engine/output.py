@@ -41,5 +41,8 @@ class OutputProcessor:
         if reason is not None:
             req.finished, req.finish_reason = True, reason
             self._detok.pop(req.id, None)
+        prompt_logprobs = None
+        if req.params.prompt_logprobs and not req.prompt_logprobs_sent:
+            prompt_logprobs, req.prompt_logprobs_sent = req.prompt_logprobs, True
         req.callback(RequestOutput(req.id, tokens, text, reason is not None, reason, req.num_prompt,
-                                   len(req.output_ids), logprobs))
+                                   len(req.output_ids), logprobs, prompt_logprobs))

@@ -36,6 +36,8 @@ class RequestOutput:
     prompt_tokens: int
     completion_tokens: int  # total so far
     logprobs: list[TokenLogprob] | None = None  # one per new token when the request asked for them
+    # with prompt_logprobs, on the first output: prompt tokens 1.. (the first has no context)
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -59,6 +61,8 @@ class Request:
     no_draft: bool = False  # decode without speculation (the canary's replays)
     replay_of: str | None = None  # the canary: the request this one replays
     expected: list[int] | None = None  # the canary: what the replayed request emitted
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # filled by prefill, sent once
+    prompt_logprobs_sent: bool = False
 
     def __post_init__(self) -> None:
         self.tokens = list(self.prompt_ids)

@@ -84,8 +84,9 @@ MUTANTS = [
            (T + "test_profiles.py::test_cli_refit_rederives_the_tables_from_the_measurements",)),
     Mutant("snapshot of the prior", "sglang_dspark/profile/snapshot.py",
            "additive=SpsAdditiveCostTable.model_validate(table)",
-           "additive=SpsAdditiveCostTable(bias_seconds=0.004, bs_probes=[1, 4], alpha_seconds=[0.0, 0.002], "
-           "m_probes=[1, 8, 32], theta_seconds=[0.0, 0.003, 0.01])",
+           # a flat prior on the learned table's probes: valid, so only a comparison can tell
+           'additive=SpsAdditiveCostTable.model_validate({**table, "alpha_seconds": [0.0] * len(table["alpha_seconds"]), '
+           '"theta_seconds": [0.01] * len(table["theta_seconds"])})',
            (T + "test_snapshot.py::test_snapshot_validates_and_launch_uses_it",)),
     Mutant("random on-policy tokens", "sglang_dspark/train/sources.py",
            "    replies = engine.generate([prompts[i] for i in keep], params) if keep else []",
@@ -153,9 +154,12 @@ def apply(copy: Path, mutant: Mutant) -> str | None:
     return text
 
 
-def verdict(rc: int) -> str:
-    # pytest: 1 = tests failed (caught); 0 = passed (survived); anything else is an error, not a catch
-    return {0: "no", 1: "yes"}.get(rc, "error")
+def verdict(rc: int, summary: str) -> str:
+    """pytest's 1 with a test failed: caught; 0: survived; an error (a fixture, an import, a timeout
+    also exit 1 or other codes) is no catch: the mutant broke something else first."""
+    if rc == 0:
+        return "no"
+    return "yes" if rc == 1 and " failed" in f" {summary}" and "error" not in summary else "error"
 
 
 def main(argv=None) -> int:
@@ -196,7 +200,7 @@ def main(argv=None) -> int:
                     rc, seconds, tail = run_tests(copy, m.tests, m.slow, args.timeout)
                 finally:
                     (copy / m.path).write_text(original)
-                rows.append({"mutant": m.name, "file": m.path, "tests": list(m.tests), "caught": verdict(rc),
+                rows.append({"mutant": m.name, "file": m.path, "tests": list(m.tests), "caught": verdict(rc, tail),
                              "seconds": seconds, "summary": tail})
             r = rows[-1]
             print(f"{r['mutant']:<45} {r['caught']:<6} {r['seconds']:>7.1f} s  {', '.join(m.tests)}", flush=True)

@@ -4,6 +4,7 @@ validate` accepts and `launch --profile` uses; and launch seeds from a profile o
 from __future__ import annotations
 
 import logging
+import statistics
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -54,6 +55,16 @@ def test_snapshot_validates_and_launch_uses_it(learned_server, tmp_path, capsys)
     profile = SlaProfile.load(out)
     assert profile.provenance.source == "snapshot" and profile.sps.additive is not None
     assert profile.sps.measurements and out.with_suffix(".png").is_file()
+    # What the (now idle) server reports it learned: the snapshot's table is that table, and its
+    # measurements are the medians of the step times it reports
+    rec = httpx.get(f"{base}/server_info").json()["internal_states"][0]["dspark_info_record"]
+    reported = dict(rec["sps"])
+    assert profile.sps.draft_skip_seconds == reported.pop("draft_skip_seconds", None)
+    assert profile.sps.additive.model_dump().keys() == reported.keys()
+    for key, value in profile.sps.additive.model_dump().items():
+        assert value == pytest.approx(reported[key], rel=1e-9), key
+    times = {(r, b): statistics.median(ms) for r, b, ms in rec["sps_step_times_ms"]}
+    assert {(m.num_requests, m.batch_tokens): m.median_ms for m in profile.sps.measurements} == pytest.approx(times, abs=1e-4)
     assert profile_main(["validate", str(out), "--model", target, "--draft", draft]) == 0
     assert "fingerprint matches" in capsys.readouterr().out
     assert launch.main(["--model", target, "--draft", draft, "--profile", str(out), "--engine", "reference",

@@ -112,6 +112,16 @@ def test_on_policy_sequences_are_the_targets_own_replies():
     again = on_policy_sequences(tiny_engine("target", max_running=2), ToyTokenizer(), _records(3), max_prompt_tokens=8,
                                 max_new_tokens=6, temperature=1.0, seed=0)
     assert [x[1] for x in again] == [x[1] for x in out]  # per-request seeds: batch size does not matter
+    # Greedy, the replies are transformers' own greedy continuations of the prompts, cut after EOS
+    hf = tiny_hf_target()
+    greedy = on_policy_sequences(tiny_engine("target", hf=hf, max_running=4), ToyTokenizer(), _records(3),
+                                 max_prompt_tokens=8, max_new_tokens=6, temperature=0.0, seed=0)
+    for _, ids, prompt_len in greedy:
+        with torch.no_grad():
+            full = hf.generate(torch.tensor([ids[:prompt_len]]), max_new_tokens=6, do_sample=False,
+                               eos_token_id=None, pad_token_id=0)[0, prompt_len:].tolist()
+        expected = full[: full.index(EOS) + 1] if EOS in full else full
+        assert ids[prompt_len:] == expected
 
 
 def test_manifest_records_cost(tmp_path):

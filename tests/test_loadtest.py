@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from loopback_server import dead_loopback_server, serve_engine_on_loopback, serve_on_loopback
@@ -280,10 +281,19 @@ def test_gating_an_unreachable_tier_fails_the_run(reference_server, tmp_path, ca
     check_report(tmp_path / "run", [1])  # the report is written all the same
 
 
+def _finished_requests(base: str) -> float:
+    """Requests the reference server finished, any reason (its own counter, not the load test's)."""
+    return sum(float(line.split()[-1]) for line in httpx.get(f"{base}/metrics").text.splitlines()
+               if line.startswith("sglang_dspark_requests_finished_total{"))
+
+
 def test_distributed_locust_gives_the_same_report(reference_server, tmp_path, capsys):
+    before = _finished_requests(reference_server)
     rc, err = run_cli(sweep(reference_server, tmp_path / "run", "--workers", "1", "--users", "2"), capsys)
     assert rc == 0, err
-    check_report(tmp_path / "run", [2])
+    (step,) = check_report(tmp_path / "run", [2])
+    # the master counted each request the server answered once: the worker's records are not doubled
+    assert step["requests"] == _finished_requests(reference_server) - before
     assert json.loads((tmp_path / "run" / "report.json").read_text())["workers"] == 1
     log = (tmp_path / "run" / "step0_u2" / "locust.log").read_text()  # master and worker write here
     assert "1 workers connected" in log and "Got quit message from master" in log

@@ -56,9 +56,19 @@ def test_top_k_allocation_is_prefix_closed_and_takes_the_best(conf, budget):
 @settings(max_examples=200, deadline=None)
 @given(conf=confs, table=tables)
 def test_plan_total_matches_decide_budget(conf, table):
-    decision = decide_budget(torch.cumprod(conf, dim=1), table, early_stop=False)
+    survival = torch.cumprod(conf, dim=1)
+    decision = decide_budget(survival, table, early_stop=False)
     assert int(plan_verify_lens(conf, table, early_stop=False).sum()) == decision.budget
     assert decision.predicted_step_seconds > 0
+    # Brute force, by the definition: verifying the k most likely drafts (survival >= 1e-6, within
+    # the table's capacity) yields (R + their survivals' sum) tokens at SPS(R + k); the budget is
+    # the k of the most throughput (ties within rounding may go either way).
+    R = conf.shape[0]
+    ranked = sorted(survival[survival >= 1e-6].tolist(), reverse=True)  # the floor in float32, as SGLang's
+    ks = range(min(len(ranked), max(0, table.max_batch_tokens - R)) + 1)
+    theta = [(R + sum(ranked[:k])) * table(R + k, num_requests=R) for k in ks]
+    assert decision.budget in ks and theta[decision.budget] >= max(theta) * (1 - 1e-9)
+    assert decision.predicted_theta == pytest.approx(theta[decision.budget], rel=1e-6)
 
 
 @settings(max_examples=150, deadline=None)

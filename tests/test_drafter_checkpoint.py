@@ -12,8 +12,10 @@ def test_round_trip_preserves_weights_and_drafts(tmp_path):
     drafter = tiny_drafter(markov_head_type="rnn")
     save_drafter(drafter, drafter.config, tmp_path)
     loaded = load_drafter(tmp_path, drafter.embed_weight, drafter.lm_head_weight)
-    for (n1, p1), (n2, p2) in zip(drafter.state_dict().items(), loaded.state_dict().items()):
-        assert n1 == n2 and torch.equal(p1, p2)
+    saved, restored = drafter.state_dict(), loaded.state_dict()
+    assert list(saved) == list(restored)  # the same tensors, none missing or extra, in order
+    for name, tensor in saved.items():
+        assert torch.equal(tensor, restored[name]), name
     caches = []
     for d in (drafter, loaded):
         cache = DraftKVCache(d, num_slots=1, max_len=16)

@@ -140,7 +140,7 @@ def test_llama3_rope_scaling_and_theta():
 def test_bfloat16_runs_close(tmp_path):
     hf, _ = make_pair("llama")
     hf.save_pretrained(tmp_path)
-    model = TargetModel.from_pretrained(str(tmp_path), dtype=torch.bfloat16)
+    model = TargetModel.from_pretrained(str(tmp_path), weight_format="bfloat16")
     cache = model.new_kv_cache(1, 32)
     assert cache.dtype == torch.bfloat16
     toks = seq(16, 9)

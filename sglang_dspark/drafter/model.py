@@ -38,6 +38,8 @@ class TrainOutput:
 
 
 def _weight(module_or_tensor) -> torch.Tensor:
+    if hasattr(module_or_tensor, "dequantized"):  # a quantized lm_head (engine/weight_format.py)
+        return module_or_tensor.dequantized()
     w = module_or_tensor.weight if hasattr(module_or_tensor, "weight") else module_or_tensor
     return w.detach()
 
@@ -74,19 +76,25 @@ class DSparkDrafter(nn.Module):
 
     # ---- backbone -------------------------------------------------------------------------
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The activation dtype (its layers' weights'); logits and confidences are float32."""
+        return self.norm.weight.dtype
+
     def _rope(self, positions: torch.Tensor):
-        return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
+        # in the activation dtype: float32 tables would promote q and k but not v
+        return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype=self.dtype)
 
     def context_kv(self, target_hidden: torch.Tensor, positions: torch.Tensor):
         """Per layer (K, V) [..., T, kv_heads, head_dim] of target features [..., T, m*H]."""
-        ctx = self.hidden_norm(self.fc(target_hidden.to(self.fc.weight.dtype)))
+        ctx = self.hidden_norm(self.fc(target_hidden.to(self.dtype)))
         cos, sin = self._rope(positions)
         return [layer.self_attn.project_kv(ctx, cos, sin) for layer in self.layers]
 
     def backbone(self, block_ids, block_pos, ctx_kv, mask) -> torch.Tensor:
         """Final normed hidden [B, Q, H]. block_ids/block_pos [B, Q]; ctx_kv per layer
         ([B, C, kv, hd] K and V); mask bool [B, Q, C + Q] over [context ; block] keys."""
-        x = nn.functional.embedding(block_ids, self.embed_weight).to(self.fc.weight.dtype)
+        x = nn.functional.embedding(block_ids, self.embed_weight).to(self.dtype)
         cos, sin = self._rope(block_pos)
         for layer, (ck, cv) in zip(self.layers, ctx_kv):
             x = layer(x, cos, sin, ck, cv, mask)
@@ -204,7 +212,7 @@ class DSparkDrafter(nn.Module):
         cache.flush(slots)
         c = max(int(anchor_pos.max()), 1)
         slot_index = torch.as_tensor(slots, device=device)
-        dtype = self.fc.weight.dtype
+        dtype = self.dtype
         ctx_kv = [
             (cache.k[i, slot_index, :c].to(dtype), cache.v[i, slot_index, :c].to(dtype))
             for i in range(len(self.layers))
@@ -248,8 +256,9 @@ class DraftKVCache:
     """
 
     def __init__(self, drafter: DSparkDrafter, num_slots: int, max_len: int,
-                 dtype=torch.float32, device="cpu", zeros=torch.zeros):
+                 dtype=None, device="cpu", zeros=torch.zeros):
         cfg = drafter.config
+        dtype = dtype or drafter.dtype  # the K/V the drafter's attention reads, in its own dtype
         shape = (cfg.num_hidden_layers, num_slots, max_len, cfg.num_key_value_heads, cfg.head_dim)
         self.drafter = drafter
         self.k = zeros(shape, dtype=dtype, device=device)  # `zeros`: the engine passes its lazy allocator

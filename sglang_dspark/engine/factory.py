@@ -11,27 +11,54 @@ import torch
 from sglang_dspark.core.sps import SpsTable
 from sglang_dspark.engine.engine import Engine, EngineConfig
 from sglang_dspark.engine.target_model import TargetModel
-from sglang_dspark.engine.weight_layout import pack_drafter_for_cpu, tune_layouts
+from sglang_dspark.engine.weight_format import activation_dtype, apply_to_drafter, choose_auto
+from sglang_dspark.engine.weight_layout import tune_layouts
 
 logger = logging.getLogger(__name__)
 
 
-def load_models(model_dir, draft_dir=None, *, draft_vocab: bool = True, tune: bool = True):
+def resolve_weight_format(weight_format: str, model_dir) -> tuple[str, str]:
+    """(format, why) for a requested format; `auto` times the target's own Linear weights on this
+    CPU (engine/weight_format.py). Call after setting torch's thread count."""
+    if weight_format != "auto":
+        return weight_format, "as requested"
+    import glob
+
+    from safetensors.torch import load_file
+
+    weights = []
+    try:
+        for file in sorted(glob.glob(os.path.join(str(model_dir), "*.safetensors"))):
+            weights += [t.float() for name, t in load_file(file).items()
+                        if t.dim() == 2 and (name.endswith("_proj.weight") or name.endswith("embed_tokens.weight"))]
+    except Exception as exc:  # safetensors' own error type; loading the model reports it properly
+        return "float32", f"weights not readable to time ({type(exc).__name__})"
+    if not weights:
+        return "float32", "no Linear weights found to time"
+    return choose_auto(weights)
+
+
+def load_models(model_dir, draft_dir=None, *, draft_vocab: bool = True, tune: bool = True,
+                weight_format: str = "float32"):
     """(TargetModel, tokenizer, drafter or None): the drafter shares the target's embedding and
-    lm_head; with `draft_vocab` it drafts from its hot vocabulary when it ships one. With `tune`,
-    the CPU weight layouts are timed on this host (engine/weight_layout.py; call after setting
-    torch's thread count, which changes the answer)."""
+    lm_head; with `draft_vocab` it drafts from its hot vocabulary when it ships one. Both models run
+    in `weight_format` (engine/weight_format.py; `auto` is timed here, and the choice is logged and
+    kept as `target.weight_format`). With `tune`, float32's CPU weight layouts are timed on this host
+    (engine/weight_layout.py; call after setting torch's thread count, which changes both answers)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # directories only, never a hub
     from transformers import AutoTokenizer
 
     from sglang_dspark.drafter.checkpoint import load_drafter
 
-    target = TargetModel.from_pretrained(str(model_dir))
+    weight_format, why = resolve_weight_format(weight_format, model_dir)
+    logger.info("weight format %s (%s)", weight_format, why)
+    target = TargetModel.from_pretrained(str(model_dir), weight_format=weight_format)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     drafter = None
     if draft_dir is not None:
-        drafter = load_drafter(draft_dir, target.embed_tokens, target.lm_head, draft_vocab=draft_vocab)
-        pack_drafter_for_cpu(drafter)
+        drafter = load_drafter(draft_dir, target.embed_tokens, target.lm_head_weight(),
+                               dtype=activation_dtype(weight_format), draft_vocab=draft_vocab)
+        apply_to_drafter(drafter, weight_format)
     if tune and target.embed_tokens.weight.device.type == "cpu":
         tune_layouts([m for m in (target, drafter) if m is not None])
     return target, tokenizer, drafter
@@ -39,24 +66,25 @@ def load_models(model_dir, draft_dir=None, *, draft_vocab: bool = True, tune: bo
 
 def build_engine(model_dir, draft_dir=None, *, config: EngineConfig | None = None, sps: SpsTable | None = None,
                  sts: torch.Tensor | None = None, model_name: str | None = None, draft_vocab: bool = True,
-                 sps_seeded: bool = False, identity: dict | None = None) -> Engine:
+                 sps_seeded: bool = False, identity: dict | None = None, weight_format: str = "float32") -> Engine:
     """An engine over the models in `model_dir` (and `draft_dir`, which every mode but "target"
     needs). `sps` / `sts`: the SPS table and STS temperatures (a profile's; `sps_seeded` when it was
     measured on other hardware), else none and uncalibrated confidences. `identity`: the
-    deployment's fingerprint, for /server_info."""
+    deployment's fingerprint, for /server_info. `weight_format`: see load_models."""
     config = config or EngineConfig()
     if config.mode != "target" and draft_dir is None:
         raise ValueError(f"mode {config.mode!r} needs a drafter directory")
     torch.manual_seed(config.seed)
     target, tokenizer, drafter = load_models(model_dir, draft_dir if config.mode != "target" else None,
-                                             draft_vocab=draft_vocab)
+                                             draft_vocab=draft_vocab, weight_format=weight_format)
     engine = Engine(target, tokenizer, drafter, config=config, sps=sps, sts_temperatures=sts,
                     model_name=model_name or os.path.basename(os.path.normpath(str(model_dir))),
                     sps_seeded=sps_seeded, identity=identity, model_path=os.path.abspath(str(model_dir)))
     vocab = getattr(drafter, "draft_vocab", None)
-    logger.info("reference engine: target=%s draft=%s (draft vocabulary: %s) mode=%s SPS table=%s sts=%s "
-                "context=%d tokens, %d slots, KV cache up to %.2f GiB (committed as used)",
-                model_dir, draft_dir, "full" if vocab is None else f"{vocab.numel()} hot tokens", config.mode,
+    logger.info("reference engine: target=%s draft=%s (draft vocabulary: %s) weights=%s mode=%s SPS table=%s "
+                "sts=%s context=%d tokens, %d slots, KV cache up to %.2f GiB (committed as used)",
+                model_dir, draft_dir, "full" if vocab is None else f"{vocab.numel()} hot tokens", target.weight_format,
+                config.mode,
                 engine.policy.source, "yes" if sts is not None else "none",
                 engine.max_len, config.max_running, engine.runner.kv_bytes() / 2**30)
     return engine

@@ -39,10 +39,8 @@ def zeros_on_demand(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch
     touch, so a cache sized for the model's whole context (8,192 tokens) costs memory only for the
     positions requests actually reach; torch.zeros would write (and commit) every byte at start.
     """
-    try:
-        np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
-    except TypeError:  # a dtype numpy lacks (bfloat16)
-        np_dtype = None
-    if torch.device(device).type != "cpu" or np_dtype is None:
+    if torch.device(device).type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
-    return torch.from_numpy(np.zeros(shape, dtype=np_dtype))
+    # numpy has no bfloat16: an unsigned integer of the same width is the same zero bytes
+    same_width = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[torch.empty(0, dtype=dtype).element_size()]
+    return torch.from_numpy(np.zeros(shape, dtype=same_width)).view(dtype)

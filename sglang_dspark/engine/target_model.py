@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from sglang_dspark.engine.kv_cache import KVCache
-from sglang_dspark.engine.weight_layout import pack_linears_for_cpu
+from sglang_dspark.engine.weight_format import activation_dtype, apply_to_target, model_dtype
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 # Positions past the model's context that a draft block may occupy: a request at the context's end
@@ -72,6 +72,15 @@ def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
+class RMSNorm(nn.RMSNorm):
+    """RMSNorm with transformers' rounding: normalised in float32, cast to the activation dtype, then
+    scaled by the weight in that dtype (torch's fused op scales before casting, so bfloat16 outputs
+    would differ from transformers' in the last bit)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * F.rms_norm(x.float(), self.normalized_shape, eps=self.eps).to(x.dtype)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -80,15 +89,15 @@ class DecoderLayer(nn.Module):
         attn_bias = getattr(config, "attention_bias", False)
         qkv_bias = attn_bias or config.model_type == "qwen2"  # qwen2 always has q/k/v bias, never o bias
         mlp_bias = getattr(config, "mlp_bias", False)
-        self.attn_norm = nn.RMSNorm(d, eps=config.rms_norm_eps)
+        self.attn_norm = RMSNorm(d, eps=config.rms_norm_eps)
         # fused projections: one GEMM instead of three (q/k/v) and two (gate/up)
         self.qkv_proj = nn.Linear(d, (self.num_heads + 2 * self.num_kv_heads) * hd, bias=qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * hd, d, bias=attn_bias and config.model_type != "qwen2")
         self.qk_norm = config.model_type == "qwen3"
         if self.qk_norm:
-            self.q_norm = nn.RMSNorm(hd, eps=config.rms_norm_eps)
-            self.k_norm = nn.RMSNorm(hd, eps=config.rms_norm_eps)
-        self.mlp_norm = nn.RMSNorm(d, eps=config.rms_norm_eps)
+            self.q_norm = RMSNorm(hd, eps=config.rms_norm_eps)
+            self.k_norm = RMSNorm(hd, eps=config.rms_norm_eps)
+        self.mlp_norm = RMSNorm(d, eps=config.rms_norm_eps)
         self.gate_up_proj = nn.Linear(d, 2 * config.intermediate_size, bias=mlp_bias)
         self.down_proj = nn.Linear(config.intermediate_size, d, bias=mlp_bias)
 
@@ -146,7 +155,7 @@ class TargetModel(nn.Module):
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
-        self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -158,8 +167,9 @@ class TargetModel(nn.Module):
     # ---- construction -------------------------------------------------------------------------
 
     @classmethod
-    def from_pretrained(cls, path: str, *, dtype: torch.dtype = torch.float32, device="cpu") -> "TargetModel":
-        """Load a HF safetensors model directory (config.json + *.safetensors)."""
+    def from_pretrained(cls, path: str, *, weight_format: str = "float32", device="cpu") -> "TargetModel":
+        """Load a HF safetensors model directory (config.json + *.safetensors) in `weight_format`
+        (engine/weight_format.py)."""
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(path)
@@ -168,16 +178,19 @@ class TargetModel(nn.Module):
             state.update(load_file(file))
         if not state:
             raise FileNotFoundError(f"no *.safetensors in {path}")
-        return cls._from_hf_state_dict(config, state, dtype, device)
+        return cls._from_hf_state_dict(config, state, weight_format, device)
 
     @classmethod
-    def from_hf_model(cls, hf_model) -> "TargetModel":
-        """Build from an in-memory transformers *ForCausalLM (weights copied into fused layout)."""
+    def from_hf_model(cls, hf_model, weight_format: str | None = None) -> "TargetModel":
+        """Build from an in-memory transformers *ForCausalLM (weights copied into fused layout); the
+        format defaults to the one the HF model runs in (float32 or bfloat16)."""
         p = next(hf_model.parameters())
-        return cls._from_hf_state_dict(hf_model.config, hf_model.state_dict(), p.dtype, p.device)
+        weight_format = weight_format or ("bfloat16" if p.dtype == torch.bfloat16 else "float32")
+        return cls._from_hf_state_dict(hf_model.config, hf_model.state_dict(), weight_format, p.device)
 
     @classmethod
-    def _from_hf_state_dict(cls, config, hf: dict, dtype, device) -> "TargetModel":
+    def _from_hf_state_dict(cls, config, hf: dict, weight_format: str, device) -> "TargetModel":
+        dtype = activation_dtype(weight_format)
         with torch.device("meta"):  # no random init of weights we are about to overwrite
             model = cls(config)
         ours = {"embed_tokens.weight": hf["model.embed_tokens.weight"], "norm.weight": hf["model.norm.weight"]}
@@ -207,13 +220,24 @@ class TargetModel(nn.Module):
         if config.tie_word_embeddings:  # assign=True made two Parameters; share one again
             model.lm_head.weight = model.embed_tokens.weight
         model = model.to(device=device, dtype=dtype).eval()
-        pack_linears_for_cpu(model)  # the fast CPU GEMM layout per row count (weight_layout.py)
+        apply_to_target(model, weight_format)
+        model.weight_format = weight_format
         return model
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The activation dtype (hidden states, KV cache); logits are always float32."""
+        return model_dtype(self)
+
+    def lm_head_weight(self) -> torch.Tensor:
+        """The lm_head's [V, hidden] weight as real numbers (the drafter shares it), whatever the format."""
+        head = self.lm_head
+        return head.dequantized() if hasattr(head, "dequantized") else head.weight
 
     def new_kv_cache(self, num_slots: int, max_len: int) -> KVCache:
         c = self.config
         return KVCache(num_layers=c.num_hidden_layers, num_kv_heads=c.num_key_value_heads, head_dim=_head_dim(c),
-                       num_slots=num_slots, max_len=max_len, dtype=self.embed_tokens.weight.dtype,
+                       num_slots=num_slots, max_len=max_len, dtype=self.dtype,
                        device=self.embed_tokens.weight.device)
 
     # ---- forward ------------------------------------------------------------------------------
@@ -253,7 +277,8 @@ class TargetModel(nn.Module):
             slot_slice=slice(slot_list[0], slot_list[0] + R) if consecutive else None,
             pad_rows=None if min(lens) == N else seg * N + offset,
             last_rows=first_row + lens_t - 1, mask=mask,
-            cos=self.rope_cos[positions][:, None], sin=self.rope_sin[positions][:, None],
+            # tables in float32, applied in the activation dtype, as transformers does
+            cos=self.rope_cos[positions][:, None].to(cache.dtype), sin=self.rope_sin[positions][:, None].to(cache.dtype),
         )
 
     @torch.inference_mode()

@@ -95,15 +95,15 @@ def library_versions() -> tuple[str, str | None]:
 
 def fingerprint_for(*, engine: str, target_dir, draft_dir, gamma: int, tp: int = 1, dp: int = 1,
                     hardware: str | None = None, target_sha256: str | None = None,
-                    draft_sha256: str | None = None) -> Fingerprint:
+                    draft_sha256: str | None = None, weight_format: str | None = None) -> Fingerprint:
     """The fingerprint of this machine (or `hardware`) and these model directories (content hashes,
-    unless given)."""
+    unless given); `weight_format`: the reference engine's."""
     torch_version, sglang_version = library_versions()
     return Fingerprint(
         engine=engine, hardware=hardware or hardware_id(), torch=torch_version, sglang=sglang_version,
         target_sha256=target_sha256 or dir_sha256(target_dir),
         draft_sha256=draft_sha256 or (dir_sha256(draft_dir) if draft_dir is not None else None),
-        tp=tp, dp=dp, gamma=gamma)
+        tp=tp, dp=dp, gamma=gamma, weight_format=weight_format)
 
 
 def mismatches(profile_fp: Fingerprint, actual) -> list[str]:
@@ -123,10 +123,11 @@ def mismatches(profile_fp: Fingerprint, actual) -> list[str]:
 
 
 def check(profile: SlaProfile, *, engine: str, target_dir, draft_dir, gamma: int | None = None,
-          tp: int = 1, dp: int = 1) -> list[str]:
+          tp: int = 1, dp: int = 1, weight_format: str | None = None) -> list[str]:
     """Differences between `profile` and this machine + these directories. A directory not given
     (None) is not compared; one that cannot be hashed (a hub id) is itself a difference. gamma
-    defaults to the drafter's block size."""
+    defaults to the drafter's block size. `weight_format` (the reference engine's, when known) is
+    compared with the profile's, float32 for profiles that predate the field."""
     torch_version, sglang_version = library_versions()
     lines, hashes = [], {}
     for name, d in (("target_sha256", target_dir), ("draft_sha256", draft_dir)):
@@ -142,7 +143,11 @@ def check(profile: SlaProfile, *, engine: str, target_dir, draft_dir, gamma: int
     # a namespace, not a Fingerprint: "no drafter" must be comparable, not refused
     actual = SimpleNamespace(engine=engine, hardware=hardware_id(), torch=torch_version, sglang=sglang_version,
                              tp=tp, dp=dp, gamma=gamma, **hashes)
-    return lines + mismatches(profile.fingerprint, actual)
+    lines += mismatches(profile.fingerprint, actual)
+    measured_in = profile.fingerprint.weight_format or "float32"
+    if weight_format is not None and profile.fingerprint.engine == "reference" and measured_in != weight_format:
+        lines.append(f"weight_format: profile {measured_in!r}, actual {weight_format!r}")
+    return lines
 
 
 def require_match(source: str, lines: list[str], *, force: bool, hint: str = "") -> list[str]:

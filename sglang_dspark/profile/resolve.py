@@ -30,13 +30,14 @@ class LaunchProfile:
 
 
 def only_hardware_differs(lines: list[str]) -> bool:
-    """The differences are the machine and library versions, not the engine, models, gamma or
-    parallelism: the table's shape still describes this deployment, only its scale may not."""
-    return bool(lines) and all(line.startswith(("hardware:", "version ")) for line in lines)
+    """The differences are the machine, library versions and weight format, not the engine, models,
+    gamma or parallelism: the table's shape still describes this deployment, only its scale may not."""
+    return bool(lines) and all(line.startswith(("hardware:", "version ", "weight_format:")) for line in lines)
 
 
 def resolve_profile(path: str, *, engine: str, model: str, draft: str | None, force: bool = False,
-                    tier: str | None = None, tp: int = 1, dp: int = 1, seed_ok: bool = False) -> LaunchProfile:
+                    tier: str | None = None, tp: int = 1, dp: int = 1, seed_ok: bool = False,
+                    weight_format: str | None = None) -> LaunchProfile:
     """Load `path`, check its fingerprint against `engine` / `model` / `draft` and this machine, and
     pick `tier`. ProfileError (one line) on any problem; with `force` a fingerprint mismatch is a
     logged warning instead; with `seed_ok` a profile that differs only in hardware and library
@@ -46,7 +47,7 @@ def resolve_profile(path: str, *, engine: str, model: str, draft: str | None, fo
         chosen = profile.tier(tier) if tier is not None else None
     except ProfileError as exc:
         raise ProfileError(f"{path}: --sla-tier {tier}: {exc}") from None
-    lines = check(profile, engine=engine, target_dir=model, draft_dir=draft, tp=tp, dp=dp)
+    lines = check(profile, engine=engine, target_dir=model, draft_dir=draft, tp=tp, dp=dp, weight_format=weight_format)
     if seed_ok and not force and only_hardware_differs(lines):
         return LaunchProfile(str(path), profile, chosen, lines, seed_only=True)
     require_match(path, lines, force=force, hint=" this launch (--force-profile to use it anyway)")

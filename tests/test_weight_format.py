@@ -1,0 +1,149 @@
+"""Weight formats (engine/weight_format.py): bfloat16 is transformers' bfloat16 arithmetic, int8 is
+the quantized model it claims to be, every engine mode decodes the same greedy tokens in each
+format, `auto` follows the timings, and a profile of another format is only a seed."""
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import pytest
+import torch
+from torch import nn
+
+from sglang_dspark.engine.kv_cache import zeros_on_demand
+from sglang_dspark.engine.target_model import Segment, TargetModel
+from sglang_dspark.engine.weight_format import Int8Linear, activation_dtype, choose_auto, quantize_linears_int8
+from tests.engine_fixtures import VOCAB, ToyTokenizer, run_to_completion, tiny_drafter_for, tiny_hf_target
+from tests.test_target_model import FAMILIES, hf_logits, make_pair, seq
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bfloat16_logits_equal_transformers_in_bfloat16(family, tmp_path):
+    """Same rounding as transformers at every op (RMSNorm, RoPE in bf16), so the logits agree to
+    float32 accumulation noise, both for a prefill and for the decode that follows it."""
+    hf, _ = make_pair(family)
+    hf.save_pretrained(tmp_path)
+    hf = hf.to(torch.bfloat16)
+    model = TargetModel.from_pretrained(str(tmp_path), weight_format="bfloat16")
+    assert model.weight_format == "bfloat16" and model.dtype == torch.bfloat16
+    cache = model.new_kv_cache(1, 32)
+    assert cache.dtype == torch.bfloat16
+    toks = seq(16, 9)
+    prefill = model.forward_segments([Segment(0, 0, toks[:12])], cache).logits
+    decode = model.forward_segments([Segment(0, 12, toks[12:])], cache).logits
+    assert prefill.dtype == torch.float32
+    expected = hf_logits(hf, toks)
+    # bf16 logits have ~3 significant digits: the bound is a few bf16 ulps, far below the 0.1 a
+    # float32 RMSNorm or float32 RoPE tables leave (checked: either mutant fails this)
+    torch.testing.assert_close(torch.cat([prefill, decode]), expected, atol=2e-2, rtol=0)
+
+
+def test_int8_linear_multiplies_by_its_dequantized_weight_and_rounds_each_row():
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 48, bias=True)
+    q = Int8Linear(linear)
+    w = linear.weight.detach()
+    # one scale per output row; every weight within half a step of its row's grid, plus the
+    # bfloat16 rounding of the scale and of the product (relative 2^-9 each)
+    step = w.abs().amax(1) / 127
+    assert torch.all((q.dequantized().float() - w).abs() <= step[:, None] * 0.5 + w.abs() * 2 ** -7)
+    assert (q.dequantized().float() - w).abs().max() > step.min() * 0.1  # really quantized, not a copy
+    x = torch.randn(5, 64).bfloat16()
+    expected = x.float() @ q.dequantized().float().T + q.bias.float()
+    torch.testing.assert_close(q(x).float(), expected, atol=3e-2, rtol=2e-2)
+    assert q(x.view(5, 1, 64)).shape == (5, 1, 48)
+
+
+def test_int8_target_quantizes_every_linear_and_keeps_the_embedding():
+    hf = tiny_hf_target()
+    model = TargetModel.from_hf_model(hf, weight_format="int8")
+    linears = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    assert len(linears) == 4 * hf.config.num_hidden_layers + 1  # qkv, o, gate_up, down per layer; lm_head
+    assert not any(type(m) is nn.Linear for m in model.modules())
+    assert model.embed_tokens.weight.dtype == torch.bfloat16
+    assert model.lm_head_weight().shape == (VOCAB, hf.config.hidden_size)
+    assert quantize_linears_int8(model) == 0  # nothing left to quantize
+
+
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "int8"])
+def test_every_mode_decodes_the_same_greedy_tokens_in_each_format(fmt):
+    """Speculation is lossless against the model being served, whatever its format: target-only,
+    full and scheduled decoding of the same model agree token for token, and bfloat16 agrees with
+    transformers' own bfloat16 `generate`."""
+    from sglang_dspark.engine.engine import Engine, EngineConfig
+    from sglang_dspark.engine.sampling import SamplingParams
+
+    hf = tiny_hf_target()
+    target = TargetModel.from_hf_model(hf, weight_format=fmt)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(4, VOCAB, (int(n),), generator=g).tolist() for n in torch.randint(3, 40, (8,), generator=g)]
+    params = [SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)] * len(prompts)
+    outs = {}
+    for mode in ("target", "full", "scheduled"):
+        drafter = tiny_drafter_for(target).to(target.dtype) if mode != "target" else None
+        engine = Engine(target, ToyTokenizer(), drafter, model_name="tiny",
+                        config=EngineConfig(mode=mode, max_running=4, max_len=256, prefill_chunk=32))
+        outs[mode] = run_to_completion(engine, prompts, params)
+        if mode != "target":
+            assert sum(r.accepted_drafts for r in engine.records) > 0 or mode == "scheduled"
+    assert outs["full"] == outs["target"] and outs["scheduled"] == outs["target"]
+    if fmt == "bfloat16":
+        # one request at a time, as transformers runs them: bf16 GEMM rows do not depend on the
+        # batch's row count here, but SDPA over a batch padded to its longest context may round
+        # differently (1 of these 8 prompts differs at R = 4; benchmarks/drafter_greedy_equality.py
+        # measures how often on the real model)
+        engine = Engine(target, ToyTokenizer(), None, model_name="tiny",
+                        config=EngineConfig(mode="target", max_running=1, max_len=256, prefill_chunk=32))
+        alone = run_to_completion(engine, prompts, params)
+        hf_bf16 = hf.to(torch.bfloat16)
+        expected = [hf_bf16.generate(torch.tensor([p]), max_new_tokens=20, do_sample=False, eos_token_id=None,
+                                     pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+        assert alone == expected
+
+
+def test_drafter_runs_in_the_targets_dtype_with_its_cache():
+    from sglang_dspark.drafter.model import DraftKVCache
+
+    target = TargetModel.from_hf_model(tiny_hf_target(), weight_format="bfloat16")
+    drafter = tiny_drafter_for(target).to(torch.bfloat16)
+    cache = DraftKVCache(drafter, 2, 64)
+    assert cache.k.dtype == torch.bfloat16  # follows the drafter, not a float32 default
+    cache.append(0, torch.arange(5), torch.randn(5, 2 * target.config.hidden_size).bfloat16())
+    out = drafter.draft(cache, [0], torch.tensor([7]), torch.tensor([5]))
+    assert out.tokens.shape == (1, drafter.gamma) and out.probs.dtype == torch.float32
+
+
+def _fake_timer(speedup: float):
+    def timer(weights, rows, dtype):
+        return 1.0 / speedup if dtype == torch.bfloat16 else 1.0
+    return timer
+
+
+@pytest.mark.parametrize("speedup,expected", [(3.0, "bfloat16"), (1.1, "float32"), (0.5, "float32")])
+def test_auto_takes_bfloat16_only_where_it_timed_clearly_faster(speedup, expected):
+    fmt, why = choose_auto([torch.randn(8, 4)], timer=_fake_timer(speedup))
+    assert fmt == expected and f"{speedup:.2f}x" in why
+    assert activation_dtype(fmt) == (torch.bfloat16 if expected == "bfloat16" else torch.float32)
+
+
+def test_bfloat16_kv_cache_commits_memory_only_where_written():
+    t = zeros_on_demand((4, 1024, 256), torch.bfloat16, "cpu")
+    assert t.dtype == torch.bfloat16 and t.is_contiguous() and float(t.abs().max()) == 0.0
+    t[1, 3, 5] = 2.5
+    assert float(t[1, 3, 5]) == 2.5 and float(t.sum()) == 2.5
+
+
+def test_a_profile_of_another_weight_format_only_seeds(tmp_path):
+    from sglang_dspark.profile.fingerprint import check
+    from sglang_dspark.profile.resolve import only_hardware_differs
+    from tests.test_profiles import make_model_dirs, make_profile
+
+    model, draft = make_model_dirs(tmp_path)
+    profile = make_profile(target_dir=model, draft_dir=draft)
+    assert profile.fingerprint.weight_format is None  # as in every profile written before the field: float32
+    assert check(profile, engine="reference", target_dir=model, draft_dir=draft, weight_format="float32") == []
+    lines = check(profile, engine="reference", target_dir=model, draft_dir=draft, weight_format="bfloat16")
+    assert lines == ["weight_format: profile 'float32', actual 'bfloat16'"]
+    assert only_hardware_differs(lines)
+    bf16 = profile.model_copy(update={"fingerprint": profile.fingerprint.model_copy(update={"weight_format": "bfloat16"})})
+    assert check(bf16, engine="reference", target_dir=model, draft_dir=draft, weight_format="bfloat16") == []

@@ -58,6 +58,17 @@ def test_auto_picks_reference_without_cuda(monkeypatch, caplog):
     assert launch.pick_engine("auto") == ("reference", "no CUDA device")
 
 
+def test_auto_picks_sglang_where_cuda_and_sglang_are_present(monkeypatch):
+    import sglang  # noqa: F401  imported before CUDA is faked: its own import probes the driver
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the one call that detects CUDA
+    assert launch.pick_engine("auto") == ("sglang", "CUDA device present and sglang importable")
+    monkeypatch.setitem(sys.modules, "sglang", None)  # a broken install: the CPU path still starts
+    engine, why = launch.pick_engine("auto")
+    assert engine == "reference" and why.startswith("sglang is not importable (")
+
+
 @pytest.mark.parametrize("extra,reason", [
     (["--model", "/nonexistent/model"], "no such directory"),
     (["--model", "{target}", "--draft", "/nonexistent/draft"], "--draft"),

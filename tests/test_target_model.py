@@ -152,7 +152,7 @@ def test_bfloat16_runs_close(tmp_path):
 def test_rejects_bad_batches():
     _, model = make_pair("llama")
     cache = model.new_kv_cache(2, 16)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"context 17 exceeds the cache \(16\)"):
         model.forward_segments([Segment(0, 10, seq(7, 0))], cache)  # past max_len
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="two segments share a slot"):
         model.forward_segments([Segment(0, 0, seq(2, 0)), Segment(0, 2, seq(2, 1))], cache)  # shared slot

@@ -8,6 +8,7 @@ import torch
 from sglang_dspark.core.calibration import (
     OBJECTIVES,
     StsCalibration,
+    apply_sts,
     auroc,
     calibration_report,
     ece,
@@ -33,12 +34,12 @@ def test_sts_at_least_halves_cumulative_ece_at_every_position_and_keeps_ranking(
     report = calibration_report(held_logits, held_len, temps)
     for before, after in zip(report["ece_before"], report["ece_after"]):
         assert after <= 0.5 * before, report
-    # Order-preserving: at every position, sorting by calibrated confidence sorts the raw one too.
-    raw = torch.sigmoid(held_logits.double())
-    calibrated = torch.sigmoid(held_logits.double() / temps.double())
+    # Order-preserving: at every position, the confidences apply_sts calibrates (what the planner
+    # ranks) are non-decreasing in the raw confidence logit.
+    calibrated = apply_sts(held_logits, temps)
     for k in range(held_logits.shape[1]):
-        by_calibrated = raw[torch.argsort(calibrated[:, k]), k]
-        assert bool((by_calibrated[1:] >= by_calibrated[:-1]).all())
+        by_raw = calibrated[torch.argsort(held_logits[:, k]), k]
+        assert bool((by_raw[1:] >= by_raw[:-1]).all()), k
 
 
 def test_sts_log_loss_fit_recovers_the_inflation_and_rejects_unknown_objectives():

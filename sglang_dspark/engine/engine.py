@@ -304,8 +304,8 @@ class Engine:
     def _commit_prefill(self, result: PrefillResult) -> None:
         for i, chunk in enumerate(result.chunks):
             req = chunk.request
-            if i in result.chunk_logits:  # row j predicts prompt token start + j + 1
-                m = min(len(chunk.tokens), req.num_prompt - chunk.start - 1)
+            m = min(len(chunk.tokens), req.num_prompt - chunk.start - 1)
+            if i in result.chunk_logits and m > 0:  # row j predicts prompt token start + j + 1
                 req.prompt_logprobs.extend(token_logprobs(
                     result.chunk_logits[i][:m], req.prompt_ids[chunk.start + 1 : chunk.start + 1 + m],
                     req.params.top_logprobs))

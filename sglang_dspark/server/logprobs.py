@@ -33,6 +33,20 @@ def completion_logprobs(tokenizer, items: list[TokenLogprob], text_offset: int =
             "text_offset": offsets}
 
 
+def echo_logprobs(tokenizer, prompt_ids: list[int], prompt_items: list[TokenLogprob],
+                  items: list[TokenLogprob] | None) -> dict:
+    """Completions logprobs with `echo`: the prompt's tokens (the first has no context, so its
+    logprob and alternatives are null, as OpenAI's), then the completion's `items` if any."""
+    first = _piece(tokenizer, prompt_ids[0])
+    rest = completion_logprobs(tokenizer, prompt_items, len(first))
+    out = {"tokens": [first, *rest["tokens"]], "token_logprobs": [None, *rest["token_logprobs"]],
+           "top_logprobs": [None, *rest["top_logprobs"]], "text_offset": [0, *rest["text_offset"]]}
+    if items:
+        tail = completion_logprobs(tokenizer, items, len(first) + sum(len(t) for t in rest["tokens"]))
+        out = {key: out[key] + tail[key] for key in out}
+    return out
+
+
 def generate_logprobs(tokenizer, items: list[TokenLogprob], top: int, with_text: bool) -> dict:
     """SGLang's meta_info fields: output_token_logprobs [(logprob, id, text|None)] and, with
     top_logprobs_num, output_top_logprobs [[(logprob, id, text|None), ...] per token]."""

@@ -1,4 +1,5 @@
-"""OpenAI-compatible endpoints: /v1/models, /v1/chat/completions, /v1/completions."""
+"""OpenAI-compatible endpoints: /v1/models, /v1/chat/completions, /v1/completions (n choices per
+prompt, a batch of prompts, echo with prompt logprobs; streaming, logprobs)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,13 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 
-from sglang_dspark.server.common import CLIENT_CLOSED, engine_of, new_id, now, served_name, submit, usage
-from sglang_dspark.server.logprobs import chat_logprobs, completion_logprobs
-from sglang_dspark.server.params import chat_prompt_ids, check_model, completion_prompt_ids, openai_params
+from sglang_dspark.server.common import (CLIENT_CLOSED, engine_of, new_id, now, served_name, submit_choices,
+                                         usage_of)
+from sglang_dspark.server.logprobs import chat_logprobs, completion_logprobs, echo_logprobs
+from sglang_dspark.server.params import (chat_prompt_ids, check_model, choices_per_prompt, completion_prompts,
+                                         echo_only, openai_params)
 from sglang_dspark.server.protocol import ChatCompletionRequest, CompletionRequest
-from sglang_dspark.server.streams import EventStreamResponse, RequestStream, collect, sse
+from sglang_dspark.server.streams import EventStreamResponse, RequestStream, collect_all, merged, sse
 
 router = APIRouter()
 
@@ -27,74 +30,149 @@ def _logprob_items(outputs) -> list:
     return [item for o in outputs for item in (o.logprobs or [])]
 
 
+def _closer(streams: list[RequestStream]):
+    return lambda: [s.close() for s in streams]
+
+
+def _include_usage(body) -> bool:
+    return bool(body.stream_options and body.stream_options.include_usage)
+
+
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     engine, model = engine_of(request), served_name(request)
     check_model(model, body.model)
+    n = choices_per_prompt(body)
     ids = await chat_prompt_ids(engine.tokenizer, body)
-    params = openai_params(body, engine.max_len - len(ids))
-    stream = submit(engine, ids, params, new_id("chatcmpl"), "messages")
-    base = {"id": stream.request_id, "created": now(), "model": model}
+    params = openai_params(body, engine.max_len - len(ids), len(engine.tokenizer))
+    rid = new_id("chatcmpl")
+    streams = submit_choices(engine, [ids], [params], n, rid, "messages")
+    base = {"id": rid, "created": now(), "model": model}
     if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return EventStreamResponse(_chat_chunks(stream, base, include_usage, engine.tokenizer), stream.close)
-    outputs = await collect(request, stream)
-    if outputs is None:
+        return EventStreamResponse(_chat_chunks(streams, base, _include_usage(body), engine.tokenizer),
+                                   _closer(streams))
+    results = await collect_all(request, streams)
+    if results is None:
         return CLIENT_CLOSED
-    message = {"role": "assistant", "content": "".join(o.text for o in outputs)}
-    logprobs = chat_logprobs(engine.tokenizer, _logprob_items(outputs)) if params.logprobs else None
-    choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": outputs[-1].finish_reason}
-    return {**base, "object": "chat.completion", "choices": [choice], "usage": usage(outputs[-1])}
+    choices = []
+    for i, outputs in enumerate(results):
+        message = {"role": "assistant", "content": "".join(o.text for o in outputs)}
+        logprobs = chat_logprobs(engine.tokenizer, _logprob_items(outputs)) if params.logprobs else None
+        choices.append({"index": i, "message": message, "logprobs": logprobs,
+                        "finish_reason": outputs[-1].finish_reason})
+    return {**base, "object": "chat.completion", "choices": choices, "usage": usage_of([r[-1] for r in results], n)}
 
 
-async def _chat_chunks(stream: RequestStream, base: dict, include_usage: bool, tokenizer) -> AsyncIterator[str]:
+async def _chat_chunks(streams: list[RequestStream], base: dict, include_usage: bool, tokenizer
+                       ) -> AsyncIterator[str]:
     base = {**base, "object": "chat.completion.chunk"}
     extra = {"usage": None} if include_usage else {}
 
-    def chunk(delta: dict, finish_reason=None, logprobs=None) -> str:
-        return sse({**base, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
+    def chunk(i: int, delta: dict, finish_reason=None, logprobs=None) -> str:
+        return sse({**base, "choices": [{"index": i, "delta": delta, "logprobs": logprobs,
                                          "finish_reason": finish_reason}], **extra})
 
-    yield chunk({"role": "assistant", "content": ""})
-    async for out in stream:
+    for i in range(len(streams)):
+        yield chunk(i, {"role": "assistant", "content": ""})
+    finals = [None] * len(streams)
+    async for i, out in merged(streams):
         if out.text or out.logprobs:
-            yield chunk({"content": out.text}, logprobs=chat_logprobs(tokenizer, out.logprobs) if out.logprobs else None)
+            yield chunk(i, {"content": out.text},
+                        logprobs=chat_logprobs(tokenizer, out.logprobs) if out.logprobs else None)
         if out.finished:
-            yield chunk({}, out.finish_reason)
-            if include_usage:
-                yield sse({**base, "choices": [], "usage": usage(out)})
+            finals[i] = out
+            yield chunk(i, {}, out.finish_reason)
+    if include_usage:
+        yield sse({**base, "choices": [], "usage": usage_of(finals, len(streams))})
     yield sse("[DONE]")
+
+
+class _CompletionShape:
+    """One completions request's choices: the echoed prompt (text and logprobs) in front of each
+    choice when asked, the engine's one token dropped for `max_tokens: 0`."""
+
+    def __init__(self, tokenizer, body: CompletionRequest, prompts: list[list[int]], n: int, logprobs: bool):
+        self.tokenizer, self.n, self.logprobs = tokenizer, n, logprobs
+        self.echo, self.drop = body.echo, echo_only(body)
+        texts = body.prompt if isinstance(body.prompt, list) and body.prompt and isinstance(body.prompt[0], str) \
+            else [body.prompt] if isinstance(body.prompt, str) else None
+        self.prompts = prompts
+        self.prompt_texts = texts or [tokenizer.decode(p, skip_special_tokens=False) for p in prompts]
+
+    def prompt_of(self, choice: int) -> int:
+        return choice // self.n
+
+    def first(self, choice: int, out) -> tuple[str, dict | None]:
+        """Text and logprobs of a choice's first output (the echo goes in front)."""
+        p = self.prompt_of(choice)
+        text = ("" if self.drop else out.text)
+        items = None if self.drop else out.logprobs
+        if not self.echo:
+            return text, completion_logprobs(self.tokenizer, items) if self.logprobs and items is not None else None
+        logprobs = echo_logprobs(self.tokenizer, self.prompts[p], out.prompt_logprobs or [], items) \
+            if self.logprobs else None
+        return self.prompt_texts[p] + text, logprobs
+
+    def choice(self, choice: int, outputs: list) -> dict:
+        kept = [] if self.drop else outputs
+        text = "".join(o.text for o in kept)
+        items = _logprob_items(kept)
+        logprobs = None
+        if self.echo:
+            p = self.prompt_of(choice)
+            text = self.prompt_texts[p] + text
+            if self.logprobs:
+                logprobs = echo_logprobs(self.tokenizer, self.prompts[p], outputs[0].prompt_logprobs or [], items)
+        elif self.logprobs:
+            logprobs = completion_logprobs(self.tokenizer, items)
+        reason = "length" if self.drop else outputs[-1].finish_reason
+        return {"index": choice, "text": text, "logprobs": logprobs, "finish_reason": reason}
+
+    def usage(self, finals: list) -> dict:
+        return usage_of(finals, self.n, 0 if self.drop else None)
 
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request):
     engine, model = engine_of(request), served_name(request)
     check_model(model, body.model)
-    ids = await completion_prompt_ids(engine.tokenizer, body)
-    params = openai_params(body, engine.max_len - len(ids))
-    stream = submit(engine, ids, params, new_id("cmpl"), "prompt")
-    base = {"id": stream.request_id, "object": "text_completion", "created": now(), "model": model}
+    n = choices_per_prompt(body)
+    prompts = await completion_prompts(engine.tokenizer, body)
+    vocab = len(engine.tokenizer)
+    params = [openai_params(body, engine.max_len - len(ids), vocab) for ids in prompts]
+    shape = _CompletionShape(engine.tokenizer, body, prompts, n, params[0].logprobs)
+    rid = new_id("cmpl")
+    streams = submit_choices(engine, prompts, params, n, rid, "prompt")
+    base = {"id": rid, "object": "text_completion", "created": now(), "model": model}
     if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return EventStreamResponse(_completion_chunks(stream, base, include_usage, engine.tokenizer), stream.close)
-    outputs = await collect(request, stream)
-    if outputs is None:
+        return EventStreamResponse(_completion_chunks(streams, base, _include_usage(body), shape), _closer(streams))
+    results = await collect_all(request, streams)
+    if results is None:
         return CLIENT_CLOSED
-    logprobs = completion_logprobs(engine.tokenizer, _logprob_items(outputs)) if params.logprobs else None
-    choice = {"index": 0, "text": "".join(o.text for o in outputs), "logprobs": logprobs,
-              "finish_reason": outputs[-1].finish_reason}
-    return {**base, "choices": [choice], "usage": usage(outputs[-1])}
+    return {**base, "choices": [shape.choice(i, outputs) for i, outputs in enumerate(results)],
+            "usage": shape.usage([r[-1] for r in results])}
 
 
-async def _completion_chunks(stream: RequestStream, base: dict, include_usage: bool, tokenizer) -> AsyncIterator[str]:
+async def _completion_chunks(streams: list[RequestStream], base: dict, include_usage: bool, shape: _CompletionShape
+                             ) -> AsyncIterator[str]:
     extra = {"usage": None} if include_usage else {}
-    offset = 0
-    async for out in stream:
-        if out.text or out.finished or out.logprobs:
-            logprobs = completion_logprobs(tokenizer, out.logprobs, offset) if out.logprobs else None
-            choice = {"index": 0, "text": out.text, "logprobs": logprobs, "finish_reason": out.finish_reason}
-            yield sse({**base, "choices": [choice], **extra})
-        offset += len(out.text)
-        if out.finished and include_usage:
-            yield sse({**base, "choices": [], "usage": usage(out)})
+    offsets = [None] * len(streams)  # text sent so far per choice; None before its first output
+    finals = [None] * len(streams)
+    async for i, out in merged(streams):
+        if offsets[i] is None:
+            text, logprobs = shape.first(i, out)
+            offsets[i] = 0
+        else:
+            text = "" if shape.drop else out.text
+            logprobs = completion_logprobs(shape.tokenizer, out.logprobs, offsets[i]) \
+                if out.logprobs and not shape.drop else None
+        if text or out.finished or logprobs:
+            reason = ("length" if shape.drop else out.finish_reason) if out.finished else None
+            yield sse({**base, "choices": [{"index": i, "text": text, "logprobs": logprobs, "finish_reason": reason}],
+                       **extra})
+        offsets[i] += len(text)
+        if out.finished:
+            finals[i] = out
+    if include_usage:
+        yield sse({**base, "choices": [], "usage": shape.usage(finals)})
     yield sse("[DONE]")

@@ -6,6 +6,7 @@ from starlette.concurrency import run_in_threadpool
 
 from sglang_dspark.engine.sampling import MAX_TOP_LOGPROBS, SamplingParams
 from sglang_dspark.server.errors import APIError, from_value_error
+from sglang_dspark.server.fields import check_extra_fields
 from sglang_dspark.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest, _Sampling
 
 DEFAULT_MAX_TOKENS = SamplingParams().max_tokens  # SGLang's /generate default
@@ -52,19 +53,47 @@ def _logprob_request(body: _Sampling) -> tuple[bool, int]:
     return body.logprobs is not None, _top(body.logprobs, "logprobs")
 
 
-def openai_params(body: _Sampling, room: int) -> SamplingParams:
-    if body.n not in (None, 1):
-        raise APIError(400, f"n: only n=1 is supported, got {body.n}", param="n")
-    if isinstance(body, CompletionRequest) and body.echo:
-        raise APIError(400, "echo: not supported (the completion does not repeat the prompt)", param="echo")
+def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """OpenAI's {"token id": bias} as (id, bias) pairs; ids outside the vocabulary are the client's error."""
+    pairs = []
+    for key, value in (bias or {}).items():
+        if not key.isdigit() or int(key) >= vocab_size:
+            raise APIError(400, f"logit_bias: key {key!r} is not a token id in [0, {vocab_size})", param="logit_bias")
+        pairs.append((int(key), float(value)))
+    return tuple(pairs)
+
+
+def choices_per_prompt(body: _Sampling) -> int:
+    """n (default 1); completions' best_of only where it asks for nothing beyond the n returned."""
+    n = 1 if body.n is None else body.n
+    if n < 1:
+        raise APIError(400, f"n: must be >= 1, got {n}", param="n")
+    if isinstance(body, CompletionRequest) and body.best_of not in (None, n):
+        raise APIError(400, f"best_of: only best_of == n is supported (got best_of {body.best_of}, n {n})",
+                       param="best_of")
+    return n
+
+
+def echo_only(body: _Sampling) -> bool:
+    """Completions' `echo` with `max_tokens: 0`: the prompt and its logprobs, no completion."""
+    return isinstance(body, CompletionRequest) and body.echo and body.max_tokens == 0
+
+
+def openai_params(body: _Sampling, room: int, vocab_size: int) -> SamplingParams:
+    check_extra_fields(body.model_extra)
     max_tokens = body.max_tokens
     if isinstance(body, ChatCompletionRequest) and body.max_completion_tokens is not None:
         max_tokens = body.max_completion_tokens
+    if echo_only(body):
+        max_tokens = 1  # the engine emits at least one token; the server drops it
     logprobs, top = _logprob_request(body)
+    echo = isinstance(body, CompletionRequest) and body.echo
     return _build(
         {},
         logprobs=logprobs,
         top_logprobs=top,
+        prompt_logprobs=echo and logprobs,
+        logit_bias=_logit_bias(body.logit_bias, vocab_size),
         max_tokens=_default_max_tokens(room) if max_tokens is None else max_tokens,
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
@@ -77,6 +106,7 @@ def openai_params(body: _Sampling, room: int) -> SamplingParams:
 
 def generate_params(body: GenerateRequest, room: int) -> SamplingParams:
     sp = body.sampling_params
+    check_extra_fields(sp.model_extra, "sampling_params.")
     if body.logprob_start_len != -1:
         raise APIError(400, "logprob_start_len: prompt logprobs are not supported; use -1 (output tokens only)",
                        param="logprob_start_len")
@@ -123,16 +153,19 @@ async def chat_prompt_ids(tokenizer, body: ChatCompletionRequest) -> list[int]:
     return await run_in_threadpool(_chat_ids, tokenizer, body)
 
 
-async def completion_prompt_ids(tokenizer, body: CompletionRequest) -> list[int]:
+async def completion_prompts(tokenizer, body: CompletionRequest) -> list[list[int]]:
+    """Each prompt's ids: one string, one id list, or a list of either (a batch)."""
     prompt = body.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-        if len(prompt) != 1:
-            raise APIError(400, "prompt: batched prompts are not supported; send one string", param="prompt")
-        prompt = prompt[0]
-    if isinstance(prompt, list):
-        return check_token_ids(prompt, len(tokenizer), "prompt")
-    ids = await run_in_threadpool(tokenizer.encode, prompt) if prompt else []
-    return check_token_ids(ids, len(tokenizer), "prompt")
+    if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
+        prompts = [prompt]
+    else:
+        prompts = prompt
+    out = []
+    for p in prompts:
+        if isinstance(p, str):
+            p = await run_in_threadpool(tokenizer.encode, p) if p else []
+        out.append(check_token_ids(p, len(tokenizer), "prompt"))
+    return out
 
 
 def check_token_ids(ids: list[int], vocab_size: int, param: str) -> list[int]:

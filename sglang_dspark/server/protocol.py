@@ -1,5 +1,6 @@
-"""Request bodies. Known fields are type-strict (a string where a number belongs is a 400, never a
-silent coercion); unknown fields are ignored, as OpenAI clients send many we do not use."""
+"""Request bodies. Declared fields are honoured and type-strict (a string where a number belongs is
+a 400, never a silent coercion); anything else a body holds is judged by server/fields.py (inert,
+neutral, or refused by name), never ignored."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ class StreamOptions(BaseModel):
 
 
 class _Sampling(BaseModel):
+    model_config = ConfigDict(extra="allow")  # the extras go through fields.check_extra_fields
     model: StrictStr | None = None
     max_tokens: StrictInt | None = None
     temperature: Float | None = None
@@ -29,6 +31,7 @@ class _Sampling(BaseModel):
     ignore_eos: StrictBool = False  # SGLang extension
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
+    logit_bias: dict[StrictStr, Float] | None = None  # token id (as a string) -> added to its logit
 
 
 class TextPart(BaseModel):
@@ -50,12 +53,14 @@ class ChatCompletionRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    prompt: StrictStr | list[StrictInt] | list[StrictStr]
+    prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]]
     logprobs: StrictInt | None = None  # the number of alternatives (0-20); None: no logprobs
     echo: StrictBool = False
+    best_of: StrictInt | None = None  # only equal to n: nothing is generated beyond what is returned
 
 
 class GenerateSamplingParams(BaseModel):
+    model_config = ConfigDict(extra="allow")  # the extras go through fields.check_extra_fields
     max_new_tokens: StrictInt | None = None
     temperature: Float = 1.0
     top_p: Float = 1.0

@@ -57,9 +57,15 @@ async def _wait_disconnect(receive: Receive) -> None:
         pass
 
 
-async def collect(request: Request, stream: RequestStream) -> list | None:
-    """All outputs of a non-streaming request, or None when the client left first (then aborted)."""
-    outputs: list = []
+async def collect_all(request: Request, streams: list[RequestStream]) -> list[list] | None:
+    """All outputs of each non-streaming request, or None when the client left first (then all
+    are aborted)."""
+    results: list[list] = [[] for _ in streams]
+
+    async def drain(i: int) -> None:
+        async for output in streams[i]:
+            results[i].append(output)
+
     try:
         async with anyio.create_task_group() as tg:
             async def watch() -> None:
@@ -67,12 +73,40 @@ async def collect(request: Request, stream: RequestStream) -> list | None:
                 tg.cancel_scope.cancel()
 
             tg.start_soon(watch)
-            async for output in stream:
-                outputs.append(output)
+            async with anyio.create_task_group() as drains:
+                for i in range(len(streams)):
+                    drains.start_soon(drain, i)
             tg.cancel_scope.cancel()
     finally:
-        stream.close()
-    return outputs if outputs and outputs[-1].finished else None
+        for stream in streams:
+            stream.close()
+    return results if all(r and r[-1].finished for r in results) else None
+
+
+async def collect(request: Request, stream: RequestStream) -> list | None:
+    """All outputs of one non-streaming request, or None when the client left first (then aborted)."""
+    results = await collect_all(request, [stream])
+    return None if results is None else results[0]
+
+
+async def merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, object]]:
+    """(stream index, output) of several streams in arrival order, until every one finished."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int) -> None:
+        async for output in streams[i]:
+            await queue.put((i, output))
+
+    tasks = [asyncio.create_task(pump(i)) for i in range(len(streams))]
+    try:
+        remaining = len(streams)
+        while remaining:
+            i, output = await queue.get()
+            remaining -= output.finished
+            yield i, output
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 def sse(payload: dict | str) -> str:

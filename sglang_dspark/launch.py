@@ -96,8 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     gpu.add_argument("--node-rank", type=int, default=0, metavar="I", help="this node's rank (0 .. nnodes-1)")
     gpu.add_argument("--dist-init-addr", metavar="HOST:PORT", help="node 0's rendezvous address (needed with --nnodes)")
     gpu.add_argument("--profile-capture", action="store_true",
-                     help="start SGLang the way `profile capture-http` measures it (static verify, step records on) "
-                          "and print the capture command")
+                     help="start SGLang the way `profile capture-http` measures it (step records on) and print the "
+                          "capture command. Phase 1, without --profile: static verify (the diagonal, a 1-D table); "
+                          "phase 2, with --profile PHASE1.yaml: compact verify on that table, fractions swept")
     gpu.add_argument("--export-dir", type=Path, metavar="DIR",
                      help="where the profile's SPS / STS JSON for SGLang are written (default: "
                           "~/.cache/sglang_dspark/sglang/<profile hash>/)")
@@ -299,7 +300,7 @@ def _launch_sglang(args, model, draft, profile, name) -> int:
         raise LaunchError(f"--nnodes {args.nnodes}: every node reads the profile and the tables exported from it; "
                           "give --export-dir DIR on a filesystem all nodes share, with the profile file there too")
     sps = sts = None
-    if profile is not None and not args.profile_capture:
+    if profile is not None:  # with --profile-capture: phase 2, compact mode on the phase-1 table
         sps, sts = launch_sglang.export_profile(profile.profile, profile.path, args.export_dir)
     deployment = launch_sglang.Deployment(
         model=model, draft=draft, mode=args.mode, host=args.host, port=args.port, max_running=args.max_running,
@@ -319,9 +320,8 @@ def _launch_sglang(args, model, draft, profile, name) -> int:
                 print(f"# node {node.node_rank} of {len(nodes)}")
             print(node.render(hide_keys=True), flush=True)
     if args.profile_capture:
-        out = f"sla_profiles/{name}-sglang.yaml"
-        capture = launch_sglang.capture_command(deployment, out, hide_keys=True)
-        print(f"# once the server is up, measure it (the admin key where *** stands):\n{capture}", flush=True)
+        tiers = profile.profile.sla_tiers if profile is not None else ()
+        print(launch_sglang.capture_instructions(deployment, name, tiers), flush=True)
     if not args.dry_run:
         launch_sglang.exec_command(nodes[args.node_rank])
     return 0

@@ -90,7 +90,8 @@ def export_profile(profile, profile_file: str, out_dir: str | Path | None) -> tu
 
 def commands(d: Deployment) -> list[NodeCommand]:
     """One command per node (the same but for --node-rank)."""
-    mode = "full" if d.profile_capture else d.mode
+    phase = capture_phase(d)
+    mode = {"static": "full", "compact": "scheduled"}.get(phase, d.mode)
     if mode != "target" and d.draft is None:
         raise SglangLaunchError(f"mode {mode!r} needs a drafter (--draft)")
     if mode == "scheduled" and d.sps_path is None:
@@ -104,9 +105,9 @@ def commands(d: Deployment) -> list[NodeCommand]:
         argv += ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", d.draft]
         if d.gamma:
             argv += ["--speculative-dspark-block-size", str(d.gamma)]
-        if d.sps_path and not d.profile_capture:
+        if d.sps_path and phase != "static":
             argv += ["--speculative-dspark-sps-table-path", d.sps_path]
-        if d.sts_path and not d.profile_capture:
+        if d.sts_path and phase != "static":
             argv += ["--speculative-dspark-confidence-sts-path", d.sts_path]
         env["SGLANG_RAGGED_VERIFY_MODE"] = VERIFY_MODE[mode]
     if d.profile_capture:
@@ -121,7 +122,7 @@ def commands(d: Deployment) -> list[NodeCommand]:
         names = [n.strip() for n in d.user_plugins.split(",") if n.strip()]
         env["SGLANG_PLUGINS"] = ",".join(dict.fromkeys([*names, "sglang_dspark", *SHIPPED_PLUGINS]))
     max_running = d.max_running
-    if d.tier is not None and mode == "scheduled":  # SGLang has no SLA admission: the tier's concurrency caps the batch
+    if d.tier is not None and mode == "scheduled" and phase is None:  # SGLang has no SLA admission: the tier's concurrency caps the batch
         max_running = min(max_running or d.tier.max_concurrency, d.tier.max_concurrency)
     if max_running is not None:
         argv += ["--max-running-requests", str(max_running), "--cuda-graph-max-bs-decode", str(max_running)]
@@ -143,15 +144,55 @@ def commands(d: Deployment) -> list[NodeCommand]:
     return [NodeCommand(rank, multi + ["--node-rank", str(rank)], env) for rank in range(d.nnodes)]
 
 
-def capture_command(d: Deployment, out: str, hide_keys: bool = False) -> str:
-    """What to run once a --profile-capture server is up."""
+def capture_phase(d: Deployment) -> str | None:
+    """--profile-capture's phase: 1 ("static") without a profile, 2 ("compact") with the phase-1
+    profile's table loaded (compact mode without a table verifies everything); None when serving."""
+    if not d.profile_capture:
+        return None
+    return "compact" if d.sps_path else "static"
+
+
+def capture_command(d: Deployment, out: str, hide_keys: bool = False, tiers=()) -> str:
+    """What to run once a --profile-capture server is up (`tiers`: SlaTier, carried into the
+    profile and reached by the default concurrencies)."""
     words = [sys.executable, "-m", "sglang_dspark.profile", "capture-http", "--base-url",
-             f"http://{d.host}:{d.port}", "--out", out, "--model", d.model]
+             f"http://{d.host}:{d.port}", "--out", out, "--phase", capture_phase(d) or "compact", "--model", d.model]
     if d.draft:
         words += ["--draft", d.draft]
+    for t in tiers:
+        words += ["--tier", f"{t.name}:{t.tok_s_per_user:g}:{t.ttft_s:g}:{t.max_concurrency}"]
     if d.admin_api_key or d.api_key:
         words += ["--api-key", d.admin_api_key or d.api_key]
     return shlex.join(hidden(words) if hide_keys else words)
+
+
+def relaunch_command(d: Deployment, profile: str, hide_keys: bool = False) -> str:
+    """Phase 2's launch: this deployment again, in compact mode with the phase-1 profile."""
+    words = [sys.executable, "-m", "sglang_dspark.launch", "--engine", "sglang", "--model", d.model,
+             "--profile-capture", "--profile", profile, "--host", d.host, "--port", str(d.port)]
+    if d.draft:
+        words += ["--draft", d.draft]
+    for flag, value in (("--max-running", d.max_running), ("--max-len", d.max_len), ("--api-key", d.api_key),
+                        ("--admin-api-key", d.admin_api_key)):
+        if value is not None:
+            words += [flag, str(value)]
+    for flag, value in (("--tp", d.tp), ("--dp", d.dp)):
+        if value > 1:
+            words += [flag, str(value)]
+    return shlex.join(hidden(words) if hide_keys else words)
+
+
+def capture_instructions(d: Deployment, name: str, tiers=()) -> str:
+    """The commands --profile-capture prints: phase 1 writes the diagonal (1-D table) and says how
+    to start phase 2; phase 2 writes the profile to serve with."""
+    static_out, out = f"sla_profiles/{name}-sglang-static.yaml", f"sla_profiles/{name}-sglang.yaml"
+    if capture_phase(d) == "static":
+        return (f"# phase 1 of 2 (static verify: every draft verified). Once the server is up, measure it (the admin "
+                f"key where *** stands):\n{capture_command(d, static_out, hide_keys=True, tiers=tiers)}\n"
+                "# phase 2: stop this server, restart it in compact mode with that table, and run the command it "
+                f"prints:\n{relaunch_command(d, static_out, hide_keys=True)}")
+    return (f"# phase 2 of 2 (compact verify, forced budget fractions). Once the server is up, measure it (the admin "
+            f"key where *** stands):\n{capture_command(d, out, hide_keys=True, tiers=tiers)}")
 
 
 def exec_command(cmd: NodeCommand) -> None:

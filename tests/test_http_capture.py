@@ -127,7 +127,7 @@ def test_capture_http_fingerprints_the_server_and_the_directories(server, tmp_pa
     target, draft = _model_dir(tmp_path / "target", b"t"), _model_dir(tmp_path / "draft", b"d")
     monkeypatch.setattr(engine.engine, "identity", {"torch": "9.9.9", "sglang": "0.0.1"})
     out = tmp_path / "fp.yaml"
-    rc = profile_main(["capture-http", "--base-url", base, "--out", str(out), "--fractions", "1.0", "--concurrency",
+    rc = profile_main(["capture-http", "--base-url", base, "--out", str(out), "--phase", "static", "--concurrency",
                        "1", "--max-new-tokens", "6", "--min-samples", "1", "--model", str(target), "--draft",
                        str(draft), "--timeout", "60"])
     assert rc == 0, capsys.readouterr().err

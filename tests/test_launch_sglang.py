@@ -111,7 +111,7 @@ def test_a_misspelt_flag_fails_the_parse(dirs, capsys, server_args):
         parser.parse_args([a.replace("--speculative-draft-model-path", "--speculative-draft-model-pth") for a in argv])
 
 
-def test_profile_capture_mode_and_its_command(dirs, capsys, server_args):
+def test_profile_capture_phase_1_is_static_and_prints_both_phases(dirs, capsys, server_args):
     parser, _ = server_args
     rc = launch.main(["--model", str(dirs / "target"), "--draft", str(dirs / "draft"), "--engine", "sglang",
                       "--dry-run", "--profile-capture", "--port", "31000", "--admin-api-key", "sk-admin"])
@@ -124,7 +124,30 @@ def test_profile_capture_mode_and_its_command(dirs, capsys, server_args):
     assert "--base-url http://127.0.0.1:31000" in capture and "--api-key '***'" in capture
     from sglang_dspark.profile.cli import build_parser
 
-    build_parser().parse_args(shlex.split(capture)[3:])  # the printed command is one our CLI accepts
+    phase1 = build_parser().parse_args(shlex.split(capture)[3:])  # the printed command is one our CLI accepts
+    assert phase1.phase == "static"
+    relaunch = next(line for line in out.splitlines() if "sglang_dspark.launch " in line)
+    again = launch.build_parser().parse_args(shlex.split(relaunch)[3:])
+    assert again.profile_capture and again.profile == str(phase1.out) and again.port == 31000
+
+
+def test_profile_capture_phase_2_runs_compact_on_the_phase_1_table(dirs, capsys, server_args):
+    parser, _ = server_args
+    rc = launch.main(["--model", str(dirs / "target"), "--draft", str(dirs / "draft"), "--engine", "sglang",
+                      "--dry-run", "--profile-capture", "--profile", str(dirs / "profile.yaml"), "--max-running", "8",
+                      "--sla-tier", "interactive"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    (env, argv), = printed_nodes(out)
+    assert env == {"SGLANG_RAGGED_VERIFY_MODE": "compact", "SGLANG_DSPARK_ENABLE_SPS_RECORD": "1"}  # no SLA planner
+    args = parser.parse_args(argv)
+    assert json.loads(open(args.speculative_dspark_sps_table_path).read())["sample_batch_tokens"] == [1, 4, 8, 16, 32]
+    assert args.max_running_requests == 8  # not the tier's cap: capture measures up to what the server admits
+    capture = next(line for line in out.splitlines() if "capture-http" in line)
+    from sglang_dspark.profile.cli import build_parser
+
+    phase2 = build_parser().parse_args(shlex.split(capture)[3:])
+    assert phase2.phase == "compact" and sorted(phase2.tier) == ["batch:5:30:16", "interactive:20:2:4"]
 
 
 def test_scheduled_without_a_profile_is_refused(dirs, capsys):

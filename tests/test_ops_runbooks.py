@@ -165,7 +165,7 @@ def write_fixtures(sandbox: Path, model_dir: str) -> None:
     from sglang_dspark.profile.schema import SlaProfile
 
     shipped = SlaProfile.load(ROOT / SHIPPED_PROFILE)
-    for engine, names in (("sglang", ("smollm2-135m-instruct-sglang", "new-sglang")),  # capture-http's output
+    for engine, names in (("sglang", ("smollm2-135m-instruct-sglang", "new-sglang", "new-sglang-static")),  # capture-http's
                           ("reference", ("new-cpu", "learned-cpu"))):  # capture's and snapshot's output
         fp = fingerprint_for(engine=engine, target_dir=model_dir, draft_dir=ROOT / DRAFT, gamma=shipped.fingerprint.gamma)
         for name in names:

@@ -108,8 +108,10 @@ def _check_launch(words: list[str], values: dict[str, str], capsys) -> None:
         assert args.speculative_algorithm == "DSPARK"
         if "--sla-tier" in argv:
             assert env["SGLANG_DSPARK_SLA_TIER"] == _flag(argv, "--sla-tier")
-    if "--profile-capture" in argv:
-        assert "capture-http" in out  # the capture command the next README line runs
+    if "--profile-capture" in argv:  # the capture command the next README line runs, for this phase
+        phase = "compact" if profile is not None else "static"
+        capture = next(line for line in out.splitlines() if "capture-http" in line)
+        assert f"--phase {phase}" in capture and (env["SGLANG_RAGGED_VERIFY_MODE"] == phase)
 
 
 def _check_capture_http(words: list[str]) -> None:

@@ -294,9 +294,17 @@ def _add_capture_http(sub) -> None:
                                                   "unless --force-profile)")
     p.add_argument("--draft", metavar="DIR", help="the server's drafter directory, hashed into the fingerprint")
     p.add_argument("--fractions", type=_csv(float), default=list(hc.DEFAULT_FRACTIONS), metavar="F,F,...",
-                   help="forced verify-budget fractions of requests * gamma to sweep (SGLang accepts (0, 1])")
-    p.add_argument("--concurrency", type=_csv(int), default=list(hc.DEFAULT_CONCURRENCIES), metavar="N,N,...",
-                   help="concurrent requests per level (clamped to the server's max_running_requests)")
+                   help="forced verify-budget fractions of requests * gamma to sweep (SGLang accepts (0, 1]; "
+                        "--phase static measures 1.0 only)")
+    p.add_argument("--concurrency", type=_csv(int), metavar="N,N,...",
+                   help="concurrent requests per level (clamped to the server's max_running_requests); default: "
+                        f"powers of two up to the largest --tier's max_concurrency, at least "
+                        f"{','.join(map(str, hc.DEFAULT_CONCURRENCIES))}")
+    p.add_argument("--phase", choices=hc.PHASES, default="compact",
+                   help="static: SGLang in static verify (every draft verified, forced fractions do nothing): "
+                        "the diagonal only, written as the 1-D cost table (phase 1); compact: SGLang restarted in "
+                        "compact mode with the phase-1 table, fractions swept: the additive table (phase 2; "
+                        "refused when the records lie on the diagonal only)")
     p.add_argument("--max-new-tokens", type=int, default=32, help="tokens generated per request (ignore_eos)")
     p.add_argument("--prompt", default="Write a short story about a lighthouse keeper.", help="prompt of every request")
     p.add_argument("--warmup-steps", type=int, default=1, help="step records dropped at the start of each level")
@@ -317,7 +325,7 @@ def _run_capture_http(args) -> int:
 
     profile = capture_http(
         args.base_url, name=args.name or args.out.stem, model=args.model, draft=args.draft, fractions=args.fractions,
-        concurrencies=args.concurrency, max_new_tokens=args.max_new_tokens, prompt=args.prompt,
+        concurrencies=args.concurrency, phase=args.phase, max_new_tokens=args.max_new_tokens, prompt=args.prompt,
         warmup_steps=args.warmup_steps, min_samples=args.min_samples, step_field=args.step_field,
         tiers=[SlaTier.parse(t) for t in args.tier], hardware=args.hardware, timeout=args.timeout,
         command=_command_line(), api_key=args.api_key)

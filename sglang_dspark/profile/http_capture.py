@@ -1,13 +1,23 @@
 """`capture-http`: measure SPS(B) of a running server over HTTP and write an SLA profile.
 
-Works against our server and against SGLang started in the mode `launch --engine sglang
---profile-capture` prints (static verify, `SGLANG_DSPARK_ENABLE_SPS_RECORD=1`). For each forced
-budget fraction f (`POST /set_internal_state {"server_args": {"dspark_force_budget_frac": f}}`)
-and each concurrency c, it runs c concurrent `/generate` requests (`ignore_eos`, a fixed
-`max_new_tokens`), then reads the per-step records from `GET /server_info`
-(`internal_states[0].dspark_info_record.records[i]`: `bs`, `num_verify_tokens` and the step time).
-Records are keyed by what they report, so the mix of batch sizes a level happens to produce is
-fine. Every loop is bounded: a fixed number of levels, requests and HTTP timeouts.
+Works against our server and against SGLang started the way `launch --engine sglang
+--profile-capture` prints, in two phases. SGLang's static verify builds no budget planner, so a
+forced fraction does nothing there and every step verifies bs * (gamma + 1) tokens: R and B rise
+together and an additive fit cannot tell alpha(R) from theta(B). So phase 1 (`--phase static`,
+static verify) measures that diagonal and writes the 1-D cost table only; phase 2 (`--phase
+compact`, the default) runs against SGLang restarted in compact mode with the phase-1 table (compact
+mode without a table verifies everything) and sweeps forced fractions, which gives the off-diagonal
+(R, B) points the additive table needs. Records that lie on the diagonal only are refused for an
+additive fit, saying why.
+
+For each forced budget fraction f (`POST /set_internal_state {"server_args":
+{"dspark_force_budget_frac": f}}`) and each concurrency c, it runs c concurrent `/generate`
+requests (`ignore_eos`, a fixed `max_new_tokens`), then reads the per-step records from `GET
+/server_info` (`internal_states[0].dspark_info_record.records[i]`: `bs`, `num_verify_tokens` and
+the step time). Records are keyed by what they report, so the mix of batch sizes a level happens
+to produce is fine. The default concurrencies reach the largest tier's max_concurrency (served
+batches outside the measured range would be priced at its edge). Every loop is bounded: a fixed
+number of levels, requests and HTTP timeouts.
 
 Everything that can be checked before the sweep is (the flags, `--model` / `--draft` hashed, the
 server reachable and recording), so a bad input fails in seconds rather than after the load. The
@@ -36,7 +46,21 @@ logger = logging.getLogger(__name__)
 STEP_FIELDS = ("step_ms", "step_gpu_ms", "step_cpu_ms")  # ours; SGLang's records
 DEFAULT_FRACTIONS = (0.125, 0.25, 0.5, 0.75, 1.0)  # SGLang refuses 0: the range is (0, 1]
 DEFAULT_CONCURRENCIES = (1, 2, 4, 8)
+PHASES = ("static", "compact")
 UNKNOWN_HASH = "unknown"
+
+
+def concurrencies_for(tiers) -> tuple[int, ...]:
+    """Powers of two up to the largest tier's max_concurrency, and that value itself (at least the
+    defaults): every batch a tier admits lies inside the measured range."""
+    top = max([t.max_concurrency for t in tiers] + [DEFAULT_CONCURRENCIES[-1]])
+    levels = [c for c in (2 ** i for i in range(top.bit_length())) if c < top]
+    return (*levels, top)
+
+
+def diagonal_only(rows, gamma: int) -> bool:
+    """True when every probe verifies every draft (B = R * (gamma + 1)): SGLang's static verify."""
+    return all(m.batch_tokens == m.num_requests * (gamma + 1) for m in rows)
 
 
 class ServerClient:
@@ -160,11 +184,17 @@ def drive_load(client: ServerClient, *, fractions, concurrencies, max_new_tokens
 
 
 def capture_http(base_url: str, *, name: str, model: str | None = None, draft: str | None = None,
-                 fractions=DEFAULT_FRACTIONS, concurrencies=DEFAULT_CONCURRENCIES, max_new_tokens: int = 32,
+                 fractions=DEFAULT_FRACTIONS, concurrencies=None, phase: str = "compact", max_new_tokens: int = 32,
                  prompt: str = "Write a short story about a lighthouse keeper.", warmup_steps: int = 1,
                  min_samples: int = 3, step_field: str | None = None, tiers=(), hardware: str | None = None,
                  command: str = "", timeout: float = 120.0, api_key: str | None = None) -> SlaProfile:
-    """Drive load against `base_url` and build the profile (not saved)."""
+    """Drive load against `base_url` and build the profile (not saved). `concurrencies` None: from
+    the tiers (concurrencies_for)."""
+    if phase not in PHASES:
+        raise ProfileError(f"--phase {phase}: expected one of {', '.join(PHASES)}")
+    if phase == "static":
+        fractions = (1.0,)  # static verify checks every draft whatever the fraction: one level per concurrency
+    concurrencies = concurrencies_for(tiers) if concurrencies is None else concurrencies
     if not fractions or any(not 0.0 < f <= 1.0 for f in fractions):
         raise ProfileError(f"--fractions: need values in (0, 1] (SGLang refuses 0), got {list(fractions)}")
     if not concurrencies or any(c < 1 for c in concurrencies):
@@ -192,6 +222,10 @@ def capture_http(base_url: str, *, name: str, model: str | None = None, draft: s
         if gamma < 1:
             raise ProfileError("server_info: the server does not speculate (gamma 0); start it with a drafter")
         engine = info.get("engine") if info.get("engine") in ENGINES else "sglang"
+        if engine == "sglang" and phase == "compact" and rec.get("mode") == "static":
+            raise ProfileError(f"--phase compact: the server runs static verify ({base_url}), where forced fractions do "
+                               "nothing; capture --phase static here, then restart it in compact mode with that table "
+                               "(launch --engine sglang --profile-capture --profile PHASE1.yaml)")
         max_running = info.get("max_running_requests")
         max_running = max_running if isinstance(max_running, int) else None
         torch_version, sglang_version = server_versions(info, engine)
@@ -203,8 +237,14 @@ def capture_http(base_url: str, *, name: str, model: str | None = None, draft: s
     if not rows:
         raise ProfileError(f"no probe has {min_samples} or more step records (got {len(records)} records); "
                            "drive more load or lower --min-samples")
+    if phase == "compact" and diagonal_only(rows, gamma):
+        raise ProfileError(f"every step record verified every draft (B = R * (gamma + 1), {len(rows)} probes): the "
+                           "additive fit cannot tell alpha(R) from theta(B) on that diagonal and would price budget 0 "
+                           "like a full verify. SGLang in static verify ignores forced fractions: write this as "
+                           "--phase static, then capture --phase compact against SGLang restarted in compact mode "
+                           "with that table")
     section = fit_section(rows, max_running * (gamma + 1) if max_running else 0,
-                          skips_drafter_at_budget_0=engine == "reference")
+                          skips_drafter_at_budget_0=engine == "reference", additive=phase == "compact")
     fp = fingerprint_for(engine=engine, target_dir=model, draft_dir=draft, gamma=gamma,
                          tp=int(info.get("tp_size") or 1), dp=int(info.get("dp_size") or 1), hardware=hardware,
                          target_sha256=hashes["--model"], draft_sha256=hashes["--draft"])

@@ -22,16 +22,18 @@ def summarize(samples: dict[tuple[int, int], list[float]], min_samples: int = 1)
     return rows
 
 
-def fit_section(measurements: list[Measurement], max_batch_tokens: int, *, skips_drafter_at_budget_0: bool) -> SpsSection:
-    """The sps section for `measurements`: SGLang's 1-D table, the additive table and (for an
-    engine that skips the drafter on budget-0 steps, ours) the drafter-skip saving. SGLang's
-    engine always drafts, so there every probe is a drafted step."""
+def fit_section(measurements: list[Measurement], max_batch_tokens: int, *, skips_drafter_at_budget_0: bool,
+                additive: bool = True) -> SpsSection:
+    """The sps section for `measurements`: SGLang's 1-D table, the additive table (unless not
+    `additive`: measurements on one line B(R) cannot separate its terms) and (for an engine that
+    skips the drafter on budget-0 steps, ours) the drafter-skip saving. SGLang's engine always
+    drafts, so there every probe is a drafted step."""
     rows = list(measurements)
     cost = fit_cost_table([m.batch_tokens for m in rows], [m.median_ms / 1e3 for m in rows], max_batch_tokens)
     drafted = [m.batch_tokens > m.num_requests or not skips_drafter_at_budget_0 for m in rows]
-    additive = skip = None
-    if any(drafted):
-        additive, skip = fit_step_table([m.num_requests for m in rows], [m.batch_tokens for m in rows],
+    fitted = skip = None
+    if additive and any(drafted):
+        fitted, skip = fit_step_table([m.num_requests for m in rows], [m.batch_tokens for m in rows],
                                         [m.median_ms / 1e3 for m in rows], drafted)
-    return SpsSection.model_validate({"cost": cost.model_dump(), "additive": additive and additive.model_dump(),
+    return SpsSection.model_validate({"cost": cost.model_dump(), "additive": fitted and fitted.model_dump(),
                                       "draft_skip_seconds": skip, "measurements": [m.model_dump() for m in rows]})

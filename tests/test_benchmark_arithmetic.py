@@ -1,0 +1,80 @@
+"""The arithmetic behind the headline numbers: the benchmarks' summarising functions on small
+hand-made inputs whose answers are worked out by hand in the comments."""
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import decode_speed  # noqa: E402
+import decode_speed_pool  # noqa: E402
+import loadtest_frontier  # noqa: E402
+import plan_latency  # noqa: E402
+
+from sglang_dspark.engine.records import StepRecord  # noqa: E402
+
+
+def _step(bs, verify, accepted, drafted, probe, predicted, ms):
+    return StepRecord(bs=bs, budget=verify - bs, num_verify_tokens=verify, accepted_drafts=accepted, drafted=drafted,
+                      probe=probe, predicted_step_ms=predicted, step_ms=ms, draft_ms=0.0, target_verify_ms=ms, time=0.0)
+
+
+def test_decode_speed_run_mode_summarises_the_recorded_steps(monkeypatch):
+    records = [_step(2, 2, 0, False, False, 10.0, 8.0),  # plain step, predicted 25 % high
+               _step(2, 6, 3, True, False, 15.0, 20.0),  # drafted, predicted 25 % low
+               _step(2, 4, 1, True, True, None, 12.0),  # a probe, unpriced
+               _step(1, 1, 0, False, False, 12.0, 12.0)]  # exact
+    run = SimpleNamespace(records=records, completion_tokens=11, wall_s=0.1)
+    monkeypatch.setattr(decode_speed, "serve_all", lambda *a: run)
+    out = decode_speed.run_mode(None, [], None)
+    # emitted = bs + accepted = 2 + 5 + 3 + 1 = 11 over 7 request-steps; 11 tokens in 0.1 s
+    assert out["tau"] == pytest.approx(11 / 7, abs=1e-3) and out["output_tok_s"] == 110.0
+    assert out["predicted_step_time_median_abs_rel_error"] == 0.25  # median of 0.25, 0.25, 0
+    assert out["mean_verify_tokens_per_step"] == 3.25 and out["steps"] == 4  # (2 + 6 + 4 + 1) / 4
+    assert out["plain_step_ms_median"] == 10.0 and out["drafted_steps"] == 2 and out["probe_steps"] == 1
+    assert out["drafted_s"] == 0.032  # 20 + 12 ms
+    assert out["outside_decode_s"] == pytest.approx(0.048)  # 100 ms wall - 52 ms of steps
+
+
+def test_decode_speed_pool_pairs_each_repeat_with_its_own_target_run(tmp_path):
+    def run(name, rows, sources=None):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"default_source": "profile+online", **({"sources": sources} if sources else {}),
+                                    "rows": rows}))
+        return str(path)
+
+    a = run("a", [{"concurrency": 1, "target": {"runs_output_tok_s": [10.0, 20.0]},
+                   "default": {"runs_output_tok_s": [15.0, 20.0]}, "full": {"runs_output_tok_s": [1.0, 1.0]}}])
+    b = run("b", [{"concurrency": 1, "target": {"runs_output_tok_s": [40.0]}, "default": {"runs_output_tok_s": [30.0]},
+                   "online": {"runs_output_tok_s": [80.0]}}], sources={"default": "seeded+online", "online": "online"})
+    assert decode_speed_pool.pool([a, b]) == {
+        ("profile+online", 1): [1.5, 1.0],  # 15 / 10 and 20 / 20: never run 1 over run 2's target
+        ("seeded+online", 1): [0.75],  # run b's default arm, under its own source name
+        ("online", 1): [2.0],  # 80 / 40; verify-all ("full") is no scheduled arm and is left out
+    }
+
+
+def test_loadtest_frontier_takes_the_median_repeat_per_step():
+    def report(*speeds):
+        return {"arm": "x", "steps": [{"users": u, "aggregate_output_tok_s": s, "ttft": s} for u, s in enumerate(speeds)]}
+
+    # step 0 over 3 repeats: 5, 1, 9 -> the repeat at 5; step 1: 2, None (counted 0), 7 -> the one at 2
+    merged = loadtest_frontier._median_report([report(5.0, 2.0), report(1.0, None), report(9.0, 7.0)])
+    assert [s["aggregate_output_tok_s"] for s in merged["steps"]] == [5.0, 2.0] and merged["arm"] == "x"
+    # even repeats: the lower middle one (4, 8 -> 4)
+    assert loadtest_frontier._median_report([report(8.0), report(4.0)])["steps"][0]["aggregate_output_tok_s"] == 4.0
+
+
+def test_plan_latency_median_us_times_each_call_after_warming_up(monkeypatch):
+    clock = {"t": 0.0}
+    durations = iter([0.0] * 3 + [1e-6, 5e-6, 3e-6])  # 3 warm-up calls, then 1, 5 and 3 us
+    monkeypatch.setattr(plan_latency.time, "perf_counter", lambda: clock["t"])
+
+    def fn():
+        clock["t"] += next(durations)
+
+    assert plan_latency.median_us(fn, 3) == pytest.approx(3.0)

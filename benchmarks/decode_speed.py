@@ -110,13 +110,14 @@ def main() -> None:
     from sglang_dspark.engine.sampling import SamplingParams
     from sglang_dspark.profile.resolve import resolve_profile
 
-    pair = load_pair(args.model, args.draft)
+    pair = load_pair(args.model, args.draft, args.dtype)
+    print(f"weight format: {pair[0].weight_format}", flush=True)
     tokenizer = pair[1]
     if args.force_mismatch:
         args.profile = str(other_hardware_copy(Path(args.profile)))
     def resolved(path: str, arm: str):  # what launch does with this profile on this host
         launch_profile = resolve_profile(path, engine="reference", model=zoo.resolve_model(args.model),
-                                         draft=args.draft, seed_ok=True)
+                                         draft=args.draft, seed_ok=True, weight_format=pair[0].weight_format)
         source = "seeded+online" if launch_profile.seed_only else "profile+online"
         print(f"{arm} arm: {source} from {path}" + (f" ({'; '.join(launch_profile.mismatches)})"
                                                     if launch_profile.mismatches else ""), flush=True)
@@ -180,7 +181,8 @@ def main() -> None:
         "benchmark": "decode_speed",
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "torch_threads": args.threads,
                     "hardware": profile_hardware()},
-        "model": args.model, "draft": args.draft, "profile": args.profile, "default_source": source,
+        "model": args.model, "draft": args.draft, "weight_format": pair[0].weight_format, "profile": args.profile,
+        "default_source": source,
         "seed_profile": launch_profiles["seeded"].path if "seeded" in arms else None,
         "sources": sources,
         "forced_mismatch": args.force_mismatch,

@@ -52,7 +52,7 @@ def tiny_drafter_for(target: TargetModel, seed: int = 1, gamma: int = 4) -> DSpa
         target.config.to_dict(), target_layer_ids=[0, 2], mask_token_id=3, num_hidden_layers=1,
         block_size=gamma, markov_rank=8, markov_head_type="vanilla", enable_confidence_head=True,
     )
-    return DSparkDrafter(cfg, target.embed_tokens, target.lm_head).eval()
+    return DSparkDrafter(cfg, target.embed_tokens, target.lm_head).to(target.dtype).eval()  # the target's format
 
 
 class TickClock:
@@ -68,9 +68,9 @@ class TickClock:
 
 
 def tiny_engine(mode: str = "scheduled", *, seed: int = 0, sps=None, max_running: int = 8, hf=None, clock=None,
-                **cfg) -> Engine:
+                weight_format: str | None = None, **cfg) -> Engine:
     hf = hf or tiny_hf_target()
-    target = TargetModel.from_hf_model(hf)
+    target = TargetModel.from_hf_model(hf, weight_format)
     drafter = tiny_drafter_for(target) if mode != "target" else None
     config = EngineConfig(mode=mode, max_running=max_running, max_len=256, seed=seed, **cfg)
     kwargs = {"clock": clock} if clock is not None else {}

@@ -1,0 +1,183 @@
+"""Temperature, top-k and top-p through the real engine: the served tokens follow the target's
+warped distribution exactly, with drafting off (target), on for every draft (full) and cut by a
+forced budget (scheduled), and the test has the power to see a warping that drops a parameter.
+
+The expected marginals are computed here, in float64 numpy, from the target's logits and the
+definition of each parameter (not through `SamplingBatch`, which is what is under test):
+temperature divides the logits, top-k keeps the k largest, top-p keeps the smallest set of most
+likely tokens whose mass reaches p (after temperature and top-k), then renormalise.
+"""
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from sglang_dspark.engine.sampling import SamplingBatch, SamplingParams
+from sglang_dspark.engine.target_model import Segment, TargetModel
+from tests.engine_fixtures import VOCAB, run_to_completion, tiny_engine, tiny_hf_target
+
+ALPHA = 1e-3
+SAMPLES = 1500  # per parameter set and mode; the power check below shows it is enough
+PROMPT = [5, 9, 11]
+FORMATS = ("float32", "bfloat16", "int8")
+# every parameter on its own, and all together; each cuts real mass on this model
+PARAMS = {
+    "T=0.7": dict(temperature=0.7),
+    "top_k=5": dict(temperature=1.0, top_k=5),
+    "top_p=0.8": dict(temperature=1.0, top_p=0.8),
+    "T=0.7,top_k=5,top_p=0.8": dict(temperature=0.7, top_k=5, top_p=0.8),
+}
+
+
+def warp(logits: np.ndarray, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
+    """The distribution [..., V] a request with these parameters samples from."""
+    scaled = logits.astype(np.float64) / temperature
+    if top_k:
+        kth = np.sort(scaled, axis=-1)[..., -top_k][..., None]
+        scaled = np.where(scaled >= kth, scaled, -np.inf)
+    probs = np.exp(scaled - scaled.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    if top_p < 1:
+        order = np.argsort(-probs, axis=-1, kind="stable")
+        sorted_p = np.take_along_axis(probs, order, -1)
+        keep_sorted = (np.cumsum(sorted_p, -1) - sorted_p) < top_p
+        keep = np.zeros_like(keep_sorted)
+        np.put_along_axis(keep, order, keep_sorted, -1)
+        probs = np.where(keep, probs, 0.0)
+        probs /= probs.sum(-1, keepdims=True)
+    return probs
+
+
+def target_logits(hf, prompt: list[int], weight_format: str = "float32") -> list[np.ndarray]:
+    """The target's next-token logits after the prompt [V], after each first token [V, V] and after
+    each pair of first tokens [V, V, V]: all that the marginals of tokens 1-3 depend on. float32 and
+    bfloat16 come from transformers; int8, which transformers does not run, from our runner's
+    prefill (a forward the greedy tests check against target-only decoding)."""
+    if weight_format == "int8":
+        target = TargetModel.from_hf_model(hf, "int8")
+
+        def next_logits(seqs):
+            cache = target.new_kv_cache(len(seqs), len(seqs[0]))
+            segments = [Segment(i, 0, torch.tensor(s)) for i, s in enumerate(seqs)]
+            return target.forward_segments(segments, cache, logits_for="last").logits.double().numpy()
+    else:
+        model = hf.to(torch.bfloat16) if weight_format == "bfloat16" else hf
+
+        def next_logits(seqs):
+            with torch.no_grad():
+                return model(torch.tensor(seqs)).logits[:, -1].double().numpy()
+
+    return [next_logits([prompt])[0], next_logits([prompt + [a] for a in range(VOCAB)]),
+            next_logits([prompt + [a, b] for a in range(VOCAB) for b in range(VOCAB)]).reshape(VOCAB, VOCAB, VOCAB)]
+
+
+def marginals(logits: list[np.ndarray], **params) -> list[np.ndarray]:
+    """Exact marginals of output tokens 1, 2 and 3 under `warp(**params)` of the target."""
+    p1, p2_given, p3_given = (warp(x, **params) for x in logits)
+    joint12 = p1[:, None] * p2_given  # [a, b]
+    return [p1, joint12.sum(0), (joint12[:, :, None] * p3_given).sum((0, 1))]
+
+
+def chi2_pvalue(samples: list[int], probs: np.ndarray) -> float:
+    """Pearson's test of `samples` against `probs`, cells expected below 5 pooled. A sample in a cell
+    of probability 0 (a token the parameters exclude) is an impossible event: p = 0."""
+    counts = np.bincount(samples, minlength=VOCAB).astype(np.float64)
+    if counts[probs == 0].sum() > 0:
+        return 0.0
+    expected = probs * counts.sum()
+    big = expected >= 5
+    obs, exp = list(counts[big]), list(expected[big])
+    if expected[~big].sum() > 0:
+        obs.append(counts[~big].sum())
+        exp.append(expected[~big].sum())
+    obs, exp = np.array(obs), np.array(exp)
+    return float(stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue)
+
+
+def dropped(params: dict) -> dict[str, dict]:
+    """The same parameters with one of them ignored: the warpings a defect would serve."""
+    out = {}
+    if params.get("temperature", 1.0) != 1.0:
+        out["temperature as 1"] = {**params, "temperature": 1.0}
+    if params.get("top_k", 0):
+        out["top_k ignored"] = {**params, "top_k": 0}
+    if params.get("top_p", 1.0) < 1:
+        out["top_p ignored"] = {**params, "top_p": 1.0}
+    return out
+
+
+def make_hf():
+    return tiny_hf_target(peaky=8.0)
+
+
+@pytest.fixture(scope="module")
+def expected():
+    """Per weight format: the marginals of every parameter set, and of each one with a parameter dropped."""
+    out = {}
+    for fmt in FORMATS:
+        logits = target_logits(make_hf(), PROMPT, fmt)
+        sets = {name: marginals(logits, **p) for name, p in PARAMS.items()}
+        mutants = {(name, what): marginals(logits, **p) for name, params in PARAMS.items()
+                   for what, p in dropped(params).items()}
+        out[fmt] = sets, mutants
+    return out
+
+
+def test_warp_matches_a_hand_computed_case():
+    logits = np.log(np.array([0.5, 0.2, 0.15, 0.1, 0.05]))
+    # top-p 0.8: 0.5 + 0.2 = 0.7 < 0.8, so 0.15 is kept too (the set whose mass reaches 0.8)
+    np.testing.assert_allclose(warp(logits, top_p=0.8), np.array([0.5, 0.2, 0.15, 0, 0]) / 0.85)
+    np.testing.assert_allclose(warp(logits, top_k=2), np.array([0.5, 0.2, 0, 0, 0]) / 0.7)
+    sq = np.array([0.5, 0.2, 0.15, 0.1, 0.05]) ** 2  # T = 0.5 squares the probabilities
+    np.testing.assert_allclose(warp(logits, temperature=0.5), sq / sq.sum())
+    # T = 0.5, then top-k 3: [0.8, 0.128, 0.072]; the mass before the third token is 0.928
+    np.testing.assert_allclose(warp(logits, temperature=0.5, top_k=3), [0.8, 0.128, 0.072, 0, 0])
+    np.testing.assert_allclose(warp(logits, temperature=0.5, top_k=3, top_p=0.95), [0.8, 0.128, 0.072, 0, 0])
+    np.testing.assert_allclose(warp(logits, temperature=0.5, top_k=3, top_p=0.9), [0.8 / 0.928, 0.128 / 0.928, 0, 0, 0])
+
+
+def test_sampling_batch_probs_equal_the_definition():
+    """The engine's vectorised warping, on rows with different parameters in one batch, equals the
+    definition row by row."""
+    torch.manual_seed(0)
+    logits = torch.randn(len(PARAMS), VOCAB) * 3
+    params = [SamplingParams(**p) for p in PARAMS.values()]
+    batch = SamplingBatch.build(params, [None] * len(params), torch.Generator())
+    got = batch.probs(logits).double().numpy()
+    for row, p in enumerate(PARAMS.values()):
+        np.testing.assert_allclose(got[row], warp(logits[row].numpy(), **p), atol=1e-6)
+
+
+@pytest.mark.parametrize("mode,fmt", [("target", "float32"), ("full", "float32"), ("scheduled", "float32"),
+                                      ("scheduled", "bfloat16"), ("scheduled", "int8")])
+def test_served_tokens_follow_the_warped_target_distribution(mode, fmt, expected):
+    """All parameter sets in one engine run (rows with different parameters share every batch),
+    SAMPLES requests each; tokens 1-3 each tested at ALPHA. Drafting: off (target), every draft
+    verified (full), or cut at half the drafts by a forced budget (scheduled); the weight formats
+    (engine/weight_format.py) with drafting cut, against their own model's marginals."""
+    sets, mutants = expected[fmt]
+    engine = tiny_engine(mode, hf=make_hf(), max_running=64, seed=7, weight_format=fmt)
+    if mode == "scheduled":
+        engine.policy.forced_budget_frac = 0.5
+    names = [name for name in PARAMS for _ in range(SAMPLES)]
+    params = [SamplingParams(max_tokens=3, ignore_eos=True, **PARAMS[name]) for name in names]
+    outs = run_to_completion(engine, [PROMPT] * len(names), params)
+    if mode != "target":  # speculation really happened, and (scheduled) with cuts
+        assert sum(r.accepted_drafts for r in engine.records) > 1000
+        if mode == "scheduled":
+            assert any(0 < r.num_verify_tokens - r.bs < r.bs * engine.gamma for r in engine.records if r.drafted)
+    failures, powerless = [], []
+    for name in PARAMS:
+        rows = [o for o, n in zip(outs, names) if n == name]
+        for pos in range(3):
+            samples = [o[pos] for o in rows]
+            p = chi2_pvalue(samples, sets[name][pos])
+            if p <= ALPHA:
+                failures.append(f"{name} token {pos + 1}: p = {p:.2e}")
+        # power: the same samples tell this warping from each one that drops a parameter
+        for (set_name, what), wrong in mutants.items():
+            if set_name == name and min(chi2_pvalue([o[pos] for o in rows], wrong[pos]) for pos in range(3)) > ALPHA:
+                powerless.append(f"{name}: {what} not rejected")
+    assert not failures, failures
+    assert not powerless, powerless

@@ -134,7 +134,7 @@ def bench_summary(results, gamma, sps) -> dict:
 
 def evaluate(target_dir, draft_dir, benches: dict, calib_records, *, temperatures=(0.0, 1.0),
              calibration_temperatures=(1.0,), max_new_tokens=96, seed=0, sts_objective="ece",
-             rounds_out=None, sps=None) -> dict:
+             rounds_out=None, sps=None, weight_format: str = "float32") -> dict:
     """`benches`: name -> prompt records. Per temperature: each bench's categories (tau, rounds,
     acceptance per position, predicted speedups given `sps`), their macro average, the macro over
     benches; at the calibration temperatures STS fitted on `calib_records` and ECE / AUROC on every
@@ -144,9 +144,10 @@ def evaluate(target_dir, draft_dir, benches: dict, calib_records, *, temperature
 
     largest = max([len(r) for r in benches.values()] + [len(calib_records)])
     engine = build_engine(target_dir, draft_dir, config=EngineConfig(mode="full", max_running=largest, seed=seed,
-                                                                     max_len=2048))
+                                                                     max_len=2048), weight_format=weight_format)
     gamma = engine.gamma
     report = {"target": str(target_dir), "draft": str(draft_dir), "gamma": gamma,
+              "weight_format": engine.runner.target.weight_format,
               "max_new_tokens": max_new_tokens, "seed": seed, "benches": list(benches), "by_temperature": {}}
     for temp in temperatures:
         first_step = engine.records.total
@@ -302,6 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="use only the first N prompts of each category of every split (default: all)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "int8"), default="float32",
+                   help="weight format of target and drafter, as launch --dtype; tau depends on it through the "
+                   "target's own distribution (default: %(default)s)")
     p.add_argument("--profile", default=None, help="SLA profile YAML: adds the speedup its SPS table predicts "
                    "at one request from the measured acceptance (default: none)")
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout (default: Markdown)")
@@ -337,7 +341,8 @@ def main(argv=None) -> int:
     report = evaluate(args.target, args.draft, benches, calib_records, temperatures=temps,
                       calibration_temperatures=tuple(float(t) for t in args.calibration_temperatures.split(",")),
                       max_new_tokens=args.max_new_tokens, seed=args.seed,
-                      sts_objective=args.sts_objective, rounds_out=args.rounds_out, sps=sps)
+                      sts_objective=args.sts_objective, rounds_out=args.rounds_out, sps=sps,
+                      weight_format=args.dtype)
     report["profile"] = args.profile
     text = json.dumps(report, indent=2)
     markdown = markdown_report(report)

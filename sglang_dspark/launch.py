@@ -19,6 +19,7 @@ from sglang_dspark.help_format import DefaultsHelpFormatter, OneLineErrorParser
 logger = logging.getLogger("sglang_dspark.launch")
 
 MODES = ("target", "full", "scheduled")  # the engine's own list; not imported, to keep --help free of torch
+DTYPES = ("auto", "float32", "bfloat16", "int8")  # engine/weight_format.py's FORMAT_CHOICES, for the same reason
 HF_REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")  # SGLang downloads these itself
 DEFAULT_MAX_RUNNING = 16
 
@@ -59,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=MODES, default="scheduled",
                    help="target: no speculation; full: DSpark verifying every draft; "
                         "scheduled: DSpark with the SPS-table verify scheduler")
+    p.add_argument("--dtype", choices=DTYPES, default="auto",
+                   help="reference engine's weight format: auto times bfloat16 against float32 on this CPU at "
+                        "start and takes bfloat16 where it is clearly faster; int8: weight-only int8 with bfloat16 "
+                        "activations (a quantized model, verified losslessly against itself). SGLang has its own "
+                        "--dtype / --quantization")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=30000, help="port to listen on")
     p.add_argument("--max-running", type=int, metavar="N",
@@ -175,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         _warn_unused_flags(args, engine)
         model, zoo_name = resolve_model(args.model, engine, args.cache_dir, materialise=not args.dry_run)
         draft = resolve_draft(args.draft, model, args.mode, engine, zoo_name)
+        args.weight_format = _weight_format(args, engine, model)
         profile = _load_profile(args, engine, model, draft) or _shipped_profile(args, engine, model, draft, zoo_name)
         if args.sla_tier is not None and profile is None:
             if args.mode != "scheduled":
@@ -205,7 +212,7 @@ def _check_ranges(args) -> None:
             raise LaunchError(f"{flag} {value}: must be >= 1")
 
 
-REFERENCE_ONLY = ("drain_timeout", "canary_share", "canary_dir")
+REFERENCE_ONLY = ("drain_timeout", "canary_share", "canary_dir", "dtype")
 SGLANG_ONLY = ("tp", "dp", "nnodes", "node_rank", "dist_init_addr", "profile_capture", "export_dir")
 
 
@@ -216,6 +223,18 @@ def _warn_unused_flags(args, engine: str) -> None:
     for dest in unused:
         if getattr(args, dest) != getattr(defaults, dest):
             logger.warning("--%s has no effect with --engine %s", dest.replace("_", "-"), engine)
+
+
+def _weight_format(args, engine: str, model: str) -> str | None:
+    """The reference engine's weight format, decided before the profile is checked against it
+    (`auto` is timed here, once); None for SGLang, and for `auto` in a dry run (nothing is timed)."""
+    if engine != "reference" or (args.dry_run and args.dtype == "auto"):
+        return None
+    from sglang_dspark.engine.factory import resolve_weight_format
+
+    weight_format, why = resolve_weight_format(args.dtype, model)
+    logger.info("weight format: %s (%s)", weight_format, why)
+    return weight_format
 
 
 def _load_profile(args, engine: str, model: str, draft: str | None):
@@ -229,7 +248,8 @@ def _load_profile(args, engine: str, model: str, draft: str | None):
 
     try:
         resolved = resolve_profile(args.profile, engine=engine, model=model, draft=draft, force=args.force_profile,
-                                   tier=args.sla_tier, seed_ok=_learning(args, engine), tp=args.tp, dp=args.dp)
+                                   tier=args.sla_tier, seed_ok=_learning(args, engine), tp=args.tp, dp=args.dp,
+                                   weight_format=args.weight_format)
     except ProfileError as exc:
         raise LaunchError(" ".join(str(exc).split())) from None
     logger.info("profile: %s", resolved.describe())
@@ -278,7 +298,8 @@ def _shipped_profile(args, engine: str, model: str, draft: str | None, zoo_name:
     for path in zoo.shipped_profiles(zoo_name, engine):
         try:
             candidates.append(resolve_profile(str(path), engine=engine, model=model, draft=draft,
-                                              tier=args.sla_tier, seed_ok=_learning(args, engine)))
+                                              tier=args.sla_tier, seed_ok=_learning(args, engine),
+                                              weight_format=args.weight_format))
         except ProfileError as exc:
             refused.append(" ".join(str(exc).split()))
     chosen = next((c for c in candidates if not c.seed_only), None) or next(iter(candidates), None)
@@ -323,18 +344,22 @@ def _launch_sglang(args, model, draft, profile, name) -> int:
         tiers = profile.profile.sla_tiers if profile is not None else ()
         print(launch_sglang.capture_instructions(deployment, name, tiers), flush=True)
     if not args.dry_run:
-        launch_sglang.exec_command(nodes[args.node_rank])
+        try:
+            launch_sglang.exec_command(nodes[args.node_rank])
+        except launch_sglang.SglangLaunchError as exc:  # the plugin would not load there
+            raise LaunchError(str(exc)) from None
     return 0
 
 
-def _identity(model: str, draft: str | None) -> dict:
+def _identity(model: str, draft: str | None, weight_format: str | None = None) -> dict:
     """This deployment's fingerprint (content hashes, hardware, versions), which /server_info reports
     so that `profile snapshot` can write a profile launch accepts here."""
     if draft is None:
         return {}
     from sglang_dspark.profile.fingerprint import draft_gamma, fingerprint_for
 
-    return fingerprint_for(engine="reference", target_dir=model, draft_dir=draft, gamma=draft_gamma(draft)).model_dump()
+    return fingerprint_for(engine="reference", target_dir=model, draft_dir=draft, gamma=draft_gamma(draft),
+                           weight_format=weight_format).model_dump()
 
 
 def _launch_reference(args, model, draft, profile, name) -> int:
@@ -350,6 +375,7 @@ def _launch_reference(args, model, draft, profile, name) -> int:
     context = min(args.max_len or 1 << 30, model_len or 1 << 30)
     if args.dry_run:
         print(f"reference engine: model={model} draft={draft} mode={args.mode} sps_learning={args.sps_learning} "
+              f"dtype={args.weight_format or args.dtype} "
               f"profile={profile.describe() if profile is not None else None} max_running={max_running} "
               f"context={context if context < 1 << 30 else 'model default'} seed={args.seed} served as {name!r} "
               f"on {url} auth={'api-key' if args.api_key else 'none'}"
@@ -369,7 +395,7 @@ def _launch_reference(args, model, draft, profile, name) -> int:
                               sps=profile.profile.sps_table() if profile is not None else None,
                               sts=profile.profile.sts_temperatures() if profile is not None else None,
                               sps_seeded=profile is not None and profile.seed_only,
-                              identity=_identity(model, draft))
+                              identity=_identity(model, draft, args.weight_format), weight_format=args.weight_format)
     except ValueError as exc:
         raise LaunchError(str(exc)) from None
     client = AsyncEngine(engine)

@@ -147,3 +147,32 @@ def test_a_profile_of_another_weight_format_only_seeds(tmp_path):
     assert only_hardware_differs(lines)
     bf16 = profile.model_copy(update={"fingerprint": profile.fingerprint.model_copy(update={"weight_format": "bfloat16"})})
     assert check(bf16, engine="reference", target_dir=model, draft_dir=draft, weight_format="bfloat16") == []
+
+
+def test_launch_dtype_reaches_the_profile_check_and_the_engine(tmp_path, monkeypatch, capsys):
+    """--dtype decides the format before the profile is checked: a float32 profile with a bfloat16
+    engine is a seed with online learning, refused without it (the differing format named), and
+    the engine and its /server_info identity get the format."""
+    from sglang_dspark import launch
+    from tests.test_profiles import make_model_dirs, make_profile
+
+    target, draft = make_model_dirs(tmp_path, gamma=3)
+    path = tmp_path / "profile.yaml"
+    make_profile(engine="reference", target_dir=target, draft_dir=draft).save(path)
+    base = ["--model", str(target), "--draft", str(draft), "--engine", "reference", "--profile", str(path)]
+    assert launch.main(base + ["--dtype", "bfloat16", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "dtype=bfloat16" in out and "as a seed" in out and "weight_format: profile 'float32', actual 'bfloat16'" in out
+    assert launch.main(base + ["--dtype", "bfloat16", "--dry-run", "--sps-learning", "off"]) == 2
+    assert "weight_format: profile 'float32', actual 'bfloat16'" in capsys.readouterr().err
+    assert launch.main(base + ["--dtype", "float32", "--dry-run"]) == 0
+    assert "as a seed" not in capsys.readouterr().out
+
+    captured = {}
+    monkeypatch.setattr("sglang_dspark.engine.factory.build_engine",
+                        lambda *a, weight_format, identity, **k: captured.update(fmt=weight_format, identity=identity))
+    monkeypatch.setattr("sglang_dspark.engine.async_engine.AsyncEngine", lambda engine: engine)
+    monkeypatch.setattr("sglang_dspark.server.create_app", lambda client, **kw: object())
+    monkeypatch.setattr("sglang_dspark.server.serve", lambda *a, **k: None)
+    assert launch.main(base + ["--dtype", "int8", "--sps-learning", "on"]) == 0
+    assert captured["fmt"] == "int8" and captured["identity"]["weight_format"] == "int8"

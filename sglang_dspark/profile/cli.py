@@ -222,6 +222,9 @@ def _add_capture(sub) -> None:
     p.add_argument("--tier", action="append", default=[], metavar="NAME:TOK_S:TTFT_S:CONCURRENCY",
                    help="SLA tier to record, e.g. interactive:20:2:4 (repeatable)")
     p.add_argument("--seed", type=int, default=0, help="seed of the probe order and the engine")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "int8"), default="auto",
+                   help="weight format of the engine measured, as launch --dtype (auto: timed on this CPU); the "
+                        "profile's fingerprint records it")
     p.add_argument("--cache-dir", type=Path, default=Path("~/.cache/sglang_dspark/models"), help="where zoo models live")
     p.set_defaults(func=_run_capture)
 
@@ -257,7 +260,8 @@ def _run_capture(args) -> int:
     tiers = [SlaTier.parse(spec) for spec in args.tier]
     sts = _load_sts(args.sts) if args.sts else None
     engine = build_engine(model_dir, draft_dir, config=EngineConfig(mode="scheduled", max_running=max(requests),
-                                                                    seed=args.seed))
+                                                                    seed=args.seed), weight_format=args.dtype)
+    weight_format = engine.runner.target.weight_format
     chat = engine.tokenizer.apply_chat_template(
         [{"role": "user", "content": "Explain, step by step, how a hash map handles collisions, with a Python example."}],
         add_generation_prompt=True, tokenize=True, return_dict=False)
@@ -269,13 +273,14 @@ def _run_capture(args) -> int:
     section = fit_section(summarize(samples), max(requests) * (engine.gamma + 1), skips_drafter_at_budget_0=True)
     profile = SlaProfile(
         version=SCHEMA_VERSION, name=args.name or args.out.stem,
-        fingerprint=fingerprint_for(engine="reference", target_dir=model_dir, draft_dir=draft_dir, gamma=engine.gamma),
+        fingerprint=fingerprint_for(engine="reference", target_dir=model_dir, draft_dir=draft_dir, gamma=engine.gamma,
+                                    weight_format=weight_format),
         sps=section, sts=sts, sla_tiers=tiers,
         provenance=Provenance(command=_command_line(), date=utc_now(), repeats=args.repeats, warmup=args.warmup,
                               host=socket.gethostname(), rounds=args.rounds, source="capture"))
     _save(profile, args.out)
     plot_profile(section.measurements, section.table(), args.out.with_suffix(".png"),
-                 f"SPS(B) of the reference engine: {profile.name} (dashed: additive fit)")
+                 f"SPS(B) of the reference engine, {weight_format}: {profile.name} (dashed: additive fit)")
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}: {len(section.measurements)} probes")
     return 0
 

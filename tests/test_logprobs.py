@@ -104,7 +104,7 @@ def test_logprobs_absent_unless_asked_and_bad_requests_refused(server):
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "top_logprobs": 3}, "top_logprobs"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "logprobs": True,
                                   "top_logprobs": 21}, "top_logprobs"),
-        ("/generate", {"input_ids": [5], "return_logprob": True, "logprob_start_len": 0}, "logprob_start_len"),
+        ("/generate", {"input_ids": [5], "return_logprob": True, "logprob_start_len": 1}, "logprob_start_len"),
     ):
         r = httpx.post(f"{base}{path}", json=body, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (path, r.text)

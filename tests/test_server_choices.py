@@ -1,6 +1,6 @@
-"""/v1/completions echo with prompt logprobs (transformers' log-softmax within 1e-4, the
-lm-evaluation-harness request), n choices and prompt lists, streamed and not, through the official
-openai client against the real engine."""
+"""Prompt logprobs (transformers' log-softmax within 1e-4): /v1/completions echo, the
+lm-evaluation-harness request, /generate's logprob_start_len; n choices and prompt lists, streamed
+and not, through the official openai client against the real engine."""
 
 from __future__ import annotations
 
@@ -66,6 +66,20 @@ def test_echo_with_a_completion_carries_the_logprobs_of_both(base, hf, stream):
     assert ids[:len(PROMPT)] == PROMPT and len(ids) == len(PROMPT) + 4 and text == "".join(tokens)
     assert lps[0] is None
     assert torch.allclose(torch.tensor(lps[1:], dtype=torch.double), hf_logprobs(hf, ids), atol=1e-4)
+
+
+@pytest.mark.parametrize("start", [0, 3])
+def test_generate_input_token_logprobs_from_logprob_start_len(base, hf, start):
+    body = {"input_ids": PROMPT, "return_logprob": True, "logprob_start_len": start, "top_logprobs_num": 2,
+            "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
+    meta = httpx.post(f"{base}/generate", json=body, timeout=60).json()["meta_info"]
+    got = meta["input_token_logprobs"]
+    assert [t for _, t, _ in got] == PROMPT[start:] and len(meta["input_top_logprobs"]) == len(PROMPT) - start
+    want = hf_logprobs(hf, PROMPT)[max(start - 1, 0):]
+    if start == 0:
+        assert got[0][0] is None and meta["input_top_logprobs"][0] is None
+        got = got[1:]
+    assert torch.allclose(torch.tensor([lp for lp, _, _ in got], dtype=torch.double), want, atol=1e-4)
 
 
 def _events(text: str) -> list[dict]:

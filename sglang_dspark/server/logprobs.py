@@ -47,13 +47,28 @@ def echo_logprobs(tokenizer, prompt_ids: list[int], prompt_items: list[TokenLogp
     return out
 
 
+def _triple(tokenizer, token_id: int, logprob: float | None, with_text: bool) -> list:
+    return [logprob, token_id, _piece(tokenizer, token_id) if with_text else None]
+
+
 def generate_logprobs(tokenizer, items: list[TokenLogprob], top: int, with_text: bool) -> dict:
     """SGLang's meta_info fields: output_token_logprobs [(logprob, id, text|None)] and, with
     top_logprobs_num, output_top_logprobs [[(logprob, id, text|None), ...] per token]."""
-    def triple(token_id: int, logprob: float) -> list:
-        return [logprob, token_id, _piece(tokenizer, token_id) if with_text else None]
-
-    out = {"input_token_logprobs": [], "output_token_logprobs": [triple(i.token_id, i.logprob) for i in items]}
+    out = {"input_token_logprobs": [],
+           "output_token_logprobs": [_triple(tokenizer, i.token_id, i.logprob, with_text) for i in items]}
     if top:
-        out["output_top_logprobs"] = [[triple(t, lp) for t, lp in i.top] for i in items]
+        out["output_top_logprobs"] = [[_triple(tokenizer, t, lp, with_text) for t, lp in i.top] for i in items]
+    return out
+
+
+def input_logprobs(tokenizer, prompt_ids: list[int], prompt_items: list[TokenLogprob], start: int, top: int,
+                   with_text: bool) -> dict:
+    """SGLang's input_token_logprobs (and input_top_logprobs) from prompt position `start` on
+    (logprob_start_len); position 0 has no context, so its logprob is None, as SGLang's."""
+    first = [_triple(tokenizer, prompt_ids[0], None, with_text)] if start == 0 else []
+    items = prompt_items[max(start - 1, 0):]
+    out = {"input_token_logprobs": first + [_triple(tokenizer, i.token_id, i.logprob, with_text) for i in items]}
+    if top:
+        out["input_top_logprobs"] = ([None] if start == 0 else []) + [
+            [_triple(tokenizer, t, lp, with_text) for t, lp in i.top] for i in items]
     return out

@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from sglang_dspark.engine.sampling import SamplingParams
 from sglang_dspark.server.common import CLIENT_CLOSED, engine_of, new_id, submit
 from sglang_dspark.server.errors import APIError
-from sglang_dspark.server.logprobs import generate_logprobs
+from sglang_dspark.server.logprobs import generate_logprobs, input_logprobs
 from sglang_dspark.server.params import check_token_ids, generate_params
 from sglang_dspark.server.protocol import GenerateRequest, SetInternalStateRequest
 from sglang_dspark.server.streams import EventStreamResponse, RequestStream, collect, sse
@@ -119,10 +119,10 @@ async def generate(body: GenerateRequest, request: Request):
     else:
         text_ids = await run_in_threadpool(engine.tokenizer.encode, body.text) if body.text else []
         ids = check_token_ids(text_ids, len(engine.tokenizer), "text")
-    params = generate_params(body, engine.max_len - len(ids))
+    params = generate_params(body, len(ids), engine.max_len - len(ids))
     start = time.perf_counter()
     stream = submit(engine, ids, params, body.rid or new_id("gen"), "input_ids" if body.input_ids else "text")
-    shape = _GenerateShape(engine.tokenizer, body, start)
+    shape = _GenerateShape(engine.tokenizer, body, ids, start)
     if body.stream:
         return EventStreamResponse(_generate_chunks(stream, shape), stream.close)
     outputs = await collect(request, stream)
@@ -134,8 +134,8 @@ async def generate(body: GenerateRequest, request: Request):
 class _GenerateShape:
     """SGLang's /generate body: the text and ids so far, and meta_info."""
 
-    def __init__(self, tokenizer, request: GenerateRequest, start: float):
-        self.tokenizer, self.request, self.start = tokenizer, request, start
+    def __init__(self, tokenizer, request: GenerateRequest, prompt_ids: list[int], start: float):
+        self.tokenizer, self.request, self.prompt_ids, self.start = tokenizer, request, prompt_ids, start
 
     def body(self, rid: str, outputs: list) -> dict:
         last = outputs[-1]
@@ -146,6 +146,10 @@ class _GenerateShape:
             items = [item for o in outputs for item in (o.logprobs or [])]
             meta.update(generate_logprobs(self.tokenizer, items, self.request.top_logprobs_num,
                                           self.request.return_text_in_logprobs))
+            if self.request.logprob_start_len >= 0:
+                meta.update(input_logprobs(self.tokenizer, self.prompt_ids, outputs[0].prompt_logprobs or [],
+                                           self.request.logprob_start_len, self.request.top_logprobs_num,
+                                           self.request.return_text_in_logprobs))
         return {"text": "".join(o.text for o in outputs), "output_ids": [t for o in outputs for t in o.token_ids],
                 "meta_info": meta}
 

@@ -104,16 +104,17 @@ def openai_params(body: _Sampling, room: int, vocab_size: int) -> SamplingParams
     )
 
 
-def generate_params(body: GenerateRequest, room: int) -> SamplingParams:
+def generate_params(body: GenerateRequest, prompt_len: int, room: int) -> SamplingParams:
     sp = body.sampling_params
     check_extra_fields(sp.model_extra, "sampling_params.")
-    if body.logprob_start_len != -1:
-        raise APIError(400, "logprob_start_len: prompt logprobs are not supported; use -1 (output tokens only)",
-                       param="logprob_start_len")
+    if not -1 <= body.logprob_start_len < prompt_len:
+        raise APIError(400, f"logprob_start_len: must be -1 (output tokens only) or a prompt position in "
+                            f"[0, {prompt_len}), got {body.logprob_start_len}", param="logprob_start_len")
     return _build(
         {"max_tokens": "max_new_tokens"},
         logprobs=body.return_logprob,
         top_logprobs=_top(body.top_logprobs_num, "top_logprobs_num") if body.return_logprob else 0,
+        prompt_logprobs=body.return_logprob and body.logprob_start_len >= 0,
         max_tokens=_default_max_tokens(room) if sp.max_new_tokens is None else sp.max_new_tokens,
         temperature=sp.temperature,
         top_p=sp.top_p,

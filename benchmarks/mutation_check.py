@@ -8,8 +8,9 @@ It prints a table (mutant, tests, caught) and writes benchmarks/results/mutation
 
 The copy is run with PYTHONPATH at its root, so the tests, and the servers and Locust processes they
 start as subprocesses, import the mutated package rather than the editable install. An edit whose
-text is no longer found (the code moved on) is reported "stale", never counted as caught. Mutants
-that only wrap a function are appended to the module, so they survive refactors of its body.
+text is no longer found (the code moved on) is reported "stale", one whose test file is not there
+"no tests"; neither counts as caught. Mutants that only wrap a function are appended to the module,
+so they survive refactors of its body.
 """
 
 from __future__ import annotations
@@ -198,8 +199,12 @@ def main(argv=None) -> int:
             baseline = {"tests": tests, "passed": rc == 0, "seconds": seconds, "summary": tail}
             print(f"baseline (unmutated): {'pass' if rc == 0 else 'FAIL'} in {seconds:g} s: {tail}", flush=True)
         for m in mutants:
-            original = apply(copy, m)
-            if original is None:
+            missing = [t for t in m.tests if not (copy / t.split("::")[0]).exists()]
+            original = None if missing else apply(copy, m)
+            if missing:
+                rows.append({"mutant": m.name, "file": m.path, "tests": list(m.tests), "caught": "no tests",
+                             "seconds": 0.0, "summary": f"test files not in the tree: {missing}"})
+            elif original is None:
                 rows.append({"mutant": m.name, "file": m.path, "tests": list(m.tests), "caught": "stale",
                              "seconds": 0.0, "summary": "the edited text is no longer in the file"})
             else:

@@ -17,6 +17,8 @@ RULES_DIR = Path(__file__).resolve().parent / "prometheus" / "rules"
 
 # The correctness canary's counters (reference engine, `launch --canary-share`)
 CANARY_NAMES = frozenset({"sglang_dspark_canary_mismatches_total", "sglang_dspark_canary_replays_total"})
+# The SGLang plugin's own gauge (sglang_dspark/sglang_plugin/__init__.py): 0 where it stood down
+PLUGIN_NAMES = frozenset({"sglang_dspark_plugin_active"})
 
 _SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_count", "_sum"),
              "summary": ("", "_count", "_sum"), "info": ("_info",)}
@@ -34,7 +36,7 @@ def sample_names(family: str, kind: str) -> set[str]:
 def bundle_names() -> frozenset[str]:
     from sglang_dspark.metrics import EngineMetrics
 
-    names = set(CANARY_NAMES)
+    names = set(CANARY_NAMES | PLUGIN_NAMES)
     for family in EngineMetrics().registry.collect():
         names |= sample_names(family.name, family.type)
         names |= {s.name for s in family.samples}  # what this version writes, _created included

@@ -195,6 +195,31 @@ def capture_instructions(d: Deployment, name: str, tiers=()) -> str:
             f"key where *** stands):\n{capture_command(d, out, hide_keys=True, tiers=tiers)}")
 
 
+PREFLIGHT_TIMEOUT_S = 300  # importing SGLang's DSpark stack takes seconds, more on a cold disk
+
+
+def preflight(cmd: NodeCommand) -> str | None:
+    """None when SGLang, started as `cmd`, will load the plugin; else why not (one line). Run in
+    the interpreter and environment `cmd` execs (a venv without the bundle, another SGLang version
+    or an allow-list without it would otherwise serve plain SGLang, the tier and profile unused)."""
+    import subprocess
+
+    try:
+        done = subprocess.run([cmd.argv[0], "-m", "sglang_dspark.sglang_plugin"], capture_output=True, text=True,
+                              env={**os.environ, **cmd.env}, timeout=PREFLIGHT_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"cannot check the plugin with {cmd.argv[0]} ({type(exc).__name__}: {exc})"
+    if done.returncode == 0:
+        return None
+    errors = [line.removeprefix("error: ") for line in done.stderr.splitlines() if line.startswith("error: ")]
+    reason = "; ".join(errors) or (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+    return f"the sglang_dspark plugin would not load in {cmd.argv[0]}: {reason}"
+
+
 def exec_command(cmd: NodeCommand) -> None:
-    """Replace this process with SGLang's server, so signals and exit codes are SGLang's own."""
+    """Replace this process with SGLang's server, so signals and exit codes are SGLang's own; first
+    check that the plugin will load there (SglangLaunchError otherwise)."""
+    reason = preflight(cmd)
+    if reason is not None:
+        raise SglangLaunchError(reason)
     os.execvpe(cmd.argv[0], cmd.argv, {**os.environ, **cmd.env})

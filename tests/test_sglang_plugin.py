@@ -61,7 +61,7 @@ def test_a_missing_target_registers_nothing_and_leaves_sglang_untouched():
     """)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "untouched True" in out.stdout
-    refusal = [line for line in out.stderr.splitlines() if "sglang_dspark plugin not registered" in line]
+    refusal = [line for line in out.stderr.splitlines() if "sglang_dspark plugin NOT registered" in line]
     assert len(refusal) == 1 and "DsparkStepObservers.note_prefill_step" in refusal[0]
 
 

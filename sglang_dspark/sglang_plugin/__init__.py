@@ -3,7 +3,7 @@
 `register()` runs once in every SGLang process (entry point `sglang.srt.plugins:sglang_dspark` in
 pyproject.toml; `SGLANG_PLUGINS`, when set, must list it). It checks the SGLang version and that
 every hook target exists, and registers nothing (one log line, SGLang keeps working) when either
-fails. The hooks (targets.py): the SLA / learned-table planner (planner.py), metrics and the
+fails: one ERROR line, and `sglang_dspark_plugin_active` 0 on /metrics (1 when registered). The hooks (targets.py): the SLA / learned-table planner (planner.py), metrics and the
 learner's feed from the step observer (observer.py), and the STS collection fixes (sts.py).
 
 Nothing here imports prometheus_client or reads SGLang's parallel config at load time: SGLang sets
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import pkgutil
 from importlib import metadata
 
@@ -28,8 +29,9 @@ def check() -> str | None:
         version = metadata.version("sglang")
     except metadata.PackageNotFoundError:
         return "sglang is not installed"
-    if version != targets.SGLANG_VERSION:
-        return f"sglang {version} is installed, the hooks are for {targets.SGLANG_VERSION}"
+    if version not in targets.TESTED_VERSIONS:
+        return (f"sglang {version} is installed; the hooks were tested against {', '.join(targets.TESTED_VERSIONS)} "
+                "only (sglang_dspark/sglang_plugin/targets.py TESTED_VERSIONS)")
     missing = []
     for target in (*targets.HOOKED, *targets.READ):
         try:
@@ -55,13 +57,33 @@ def hooks() -> tuple[tuple[str, object, str], ...]:
     )
 
 
+ACTIVE_METRIC = "sglang_dspark_plugin_active"
+
+
+def report_active(active: bool) -> None:
+    """`sglang_dspark_plugin_active` in SGLang's multiprocess registry, where its directory is set
+    already (scheduler processes inherit it; importing prometheus_client before it is set would
+    hide SGLang's own metrics). `min` over processes: one rank standing down shows 0."""
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return
+    from prometheus_client import Gauge
+
+    gauge = Gauge(ACTIVE_METRIC, "1 when the sglang_dspark plugin registered its hooks in this SGLang process, "
+                  "0 when it stood down (SLA tier, profile and learning are then not applied)", registry=None,
+                  multiprocess_mode="min")
+    gauge.set(1.0 if active else 0.0)
+
+
 def register() -> None:
     reason = check()
     if reason is not None:
-        logger.warning("sglang_dspark plugin not registered: %s; SGLang runs without it", reason)
+        logger.error("sglang_dspark plugin NOT registered: %s; SGLang runs without it (no SLA tier, no profile "
+                     "planner, no learning, no sglang_dspark_* metrics)", reason)
+        report_active(False)
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     for target, hook, kind in hooks():
         HookRegistry.register(target, hook, HookType[kind])
+    report_active(True)
     logger.info("sglang_dspark plugin registered %d hooks", len(targets.HOOKED))

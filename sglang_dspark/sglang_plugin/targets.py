@@ -3,7 +3,9 @@ before touching anything: an SGLang whose internals moved gets no hook at all, n
 
 from __future__ import annotations
 
-SGLANG_VERSION = "0.5.23"
+# The releases the hooks were run against (tests/test_sglang_plugin.py drives SGLang's own classes):
+# any other, a patch release included, is refused until it has been tested and added here.
+TESTED_VERSIONS = ("0.5.23",)
 
 P = "sglang.srt.speculative.dspark_components.dspark_planner"
 O = "sglang.srt.speculative.dspark_components.dspark_observability"

@@ -330,7 +330,9 @@ def _launch_sglang(args, model, draft, profile, name) -> int:
         dist_init_addr=args.dist_init_addr, gamma=draft_gamma(draft) if draft and Path(draft).is_dir() else None,
         profile_path=str(Path(profile.path).resolve()) if profile is not None else None, sps_path=sps, sts_path=sts,
         tier=profile.tier if profile is not None else None, sps_learning=args.sps_learning == "on",
-        profile_capture=args.profile_capture, user_plugins=os.environ.get("SGLANG_PLUGINS"))
+        profile_capture=args.profile_capture, user_plugins=os.environ.get("SGLANG_PLUGINS"),
+        measured_requests=launch_sglang.measured_requests(profile.profile) if profile is not None else None,
+        force_profile=args.force_profile)
     try:
         nodes = launch_sglang.commands(deployment)
     except launch_sglang.SglangLaunchError as exc:

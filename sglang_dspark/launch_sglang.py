@@ -54,6 +54,8 @@ class Deployment:
     sps_learning: bool = False
     profile_capture: bool = False  # static verify with step records on, for `profile capture-http`
     user_plugins: str | None = None  # SGLANG_PLUGINS as the user had it
+    measured_requests: int | None = None  # the profile's largest measured batch (requests per step)
+    force_profile: bool = False  # serve a tier beyond what the profile measured anyway
     env_extra: dict = field(default_factory=dict)
 
 
@@ -88,9 +90,32 @@ def export_profile(profile, profile_file: str, out_dir: str | Path | None) -> tu
     return str(sps), None if sts is None else str(sts)
 
 
+def measured_requests(profile) -> int | None:
+    """The most requests per step the profile's table was measured at (its measurements, else the
+    additive table's last probe); None when it does not say."""
+    if profile.sps.measurements:
+        return max(m.num_requests for m in profile.sps.measurements)
+    return profile.sps.additive.bs_probes[-1] if profile.sps.additive is not None else None
+
+
+def check_coverage(d: Deployment) -> None:
+    """A tier admitting more requests than the profile measured would have every larger step priced
+    like the largest measured one (both lookups clamp), over-predicting per-user speed."""
+    if d.tier is None or d.measured_requests is None or d.force_profile:
+        return
+    if d.tier.max_concurrency > d.measured_requests:
+        raise SglangLaunchError(
+            f"tier {d.tier.name!r} admits {d.tier.max_concurrency} requests but the profile measured at most "
+            f"{d.measured_requests} per step, so larger steps would be priced as {d.measured_requests}-request "
+            "steps; recapture with the tier (capture-http's default concurrencies reach its max_concurrency), "
+            "or --force-profile")
+
+
 def commands(d: Deployment) -> list[NodeCommand]:
     """One command per node (the same but for --node-rank)."""
     phase = capture_phase(d)
+    if phase is None:
+        check_coverage(d)
     mode = {"static": "full", "compact": "scheduled"}.get(phase, d.mode)
     if mode != "target" and d.draft is None:
         raise SglangLaunchError(f"mode {mode!r} needs a drafter (--draft)")

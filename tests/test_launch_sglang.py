@@ -204,3 +204,14 @@ def test_multi_node_needs_a_rendezvous(dirs, capsys):
     rc = launch.main(["--model", str(dirs / "target"), "--draft", str(dirs / "draft"), "--engine", "sglang",
                       "--dry-run", "--mode", "full", "--nnodes", "2"])
     assert rc == 2 and "--dist-init-addr" in capsys.readouterr().err
+
+
+def test_a_tier_beyond_the_measured_batch_sizes_is_refused_unless_forced(dirs, capsys):
+    # the profile measured steps of at most 4 requests; the "batch" tier admits 16
+    base = ["--model", str(dirs / "target"), "--draft", str(dirs / "draft"), "--engine", "sglang", "--dry-run",
+            "--profile", str(dirs / "profile.yaml")]
+    assert launch.main([*base, "--sla-tier", "batch"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "tier 'batch' admits 16 requests but the profile measured at most 4 per step" in err and "\n" not in err
+    assert launch.main([*base, "--sla-tier", "interactive"]) == 0  # 4: inside what was measured
+    assert launch.main([*base, "--sla-tier", "batch", "--force-profile"]) == 0

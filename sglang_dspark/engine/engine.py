@@ -27,6 +27,7 @@ from tqdm import tqdm
 from sglang_dspark.core.calibration import apply_sts
 from sglang_dspark.core.sps import SpsTable
 from sglang_dspark.engine.canary import Canary, Replay, replay_params
+from sglang_dspark.engine.grammar import GrammarState, constrain_ragged, constrain_rows, grammar_draft_sampler
 from sglang_dspark.engine.logprobs import token_logprobs
 from sglang_dspark.engine.model_runner import DecodeRow, ModelRunner
 from sglang_dspark.engine.output import OutputProcessor
@@ -164,7 +165,11 @@ class Engine:
         if rid in self.scheduler:
             raise ValueError(f"rid: a request with id {rid!r} is already in flight")
         generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
-        self.scheduler.add(Request(rid, prompt_ids, params, callback, generator, arrival=self.clock()))
+        req = Request(rid, prompt_ids, params, callback, generator, arrival=self.clock())
+        if params.grammar is not None:
+            req.grammar = GrammarState(params.grammar, int(self.target.config.vocab_size), self.output.eos_ids,
+                                       max_rollback=self.gamma + 1)
+        self.scheduler.add(req)
         return rid
 
     def abort(self, request_id: str) -> None:
@@ -277,8 +282,10 @@ class Engine:
         result = PrefillResult(chunks, logits, chunk_logits=chunk_logits)
         done = [i for i, c in enumerate(chunks) if c.start + len(c.tokens) == c.request.num_prompt]
         if done:  # the first output token comes from the prompt's last position
-            batch = self._sampling([chunks[i].request for i in done])
-            first = batch.sample(batch.probs(batch.biased(logits[done])))
+            reqs = [chunks[i].request for i in done]
+            batch = self._sampling(reqs)
+            first_logits = constrain_rows(batch.biased(logits[done]), [r.grammar for r in reqs])
+            first = batch.sample(batch.probs(first_logits))
             result.first_tokens = dict(zip(done, first.tolist()))
         return result
 
@@ -288,15 +295,22 @@ class Engine:
         batch = self._sampling(reqs)
         lens = torch.zeros(len(reqs), dtype=torch.int64)
         drafts = probs = conf = conf_logits = None
+        grammars = [r.grammar for r in reqs]
         if plan.draft:
-            out = self.runner.draft(rows, batch.draft_sampler(getattr(self.runner.drafter, "draft_vocab", None)))
+            vocab = getattr(self.runner.drafter, "draft_vocab", None)
+            sampler = batch.draft_sampler(vocab)
+            sampler = grammar_draft_sampler(sampler, grammars, vocab) if any(grammars) else sampler
+            out = self.runner.draft(rows, sampler)
+            if any(grammars):
+                sampler.rollback()
             drafts, probs, conf_logits = out.tokens, out.probs, out.conf_logits
             conf = apply_sts(conf_logits, self.sts)
             lens = self.policy.allocate(conf, plan)
             lens[[i for i, r in enumerate(reqs) if r.no_draft]] = 0  # canary replays verify no draft
         drafted_at = self.clock()
         fwd = self.runner.verify_forward(rows, drafts, lens)
-        num_acc, nxt = verify_step(batch, drafts, probs, fwd.logits, lens, self._generator)
+        verify_logits = constrain_ragged(fwd.logits, grammars, drafts, lens)  # fwd.logits stay raw for logprobs
+        num_acc, nxt = verify_step(batch, drafts, probs, verify_logits, lens, self._generator)
         return DecodeResult(reqs, rows, plan, lens, num_acc, nxt, drafts, conf, conf_logits, fwd.logits, fwd.hidden,
                             start, drafted_at, self.clock())
 
@@ -336,6 +350,9 @@ class Engine:
         logprobs = token_logprobs(logits, tokens, req.params.top_logprobs) if req.params.logprobs else None
         now = self.clock()
         kept = self.output.commit(req, tokens, logprobs)
+        if req.grammar is not None:  # only committed tokens advance the matcher for good
+            for token in tokens[:kept]:
+                req.grammar.accept(token)
         if req.replay_of is None:
             self.metrics.generation_tokens.inc(kept)
             if kept and req.id in self._last_emit:

@@ -63,6 +63,7 @@ class Request:
     expected: list[int] | None = None  # the canary: what the replayed request emitted
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # filled by prefill, sent once
     prompt_logprobs_sent: bool = False
+    grammar: object | None = None  # engine.grammar.GrammarState of a constrained request
 
     def __post_init__(self) -> None:
         self.tokens = list(self.prompt_ids)

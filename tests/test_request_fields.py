@@ -10,12 +10,14 @@ import re
 from pathlib import Path
 
 import pytest
-from engine_fixtures import tiny_engine
+import xgrammar as xgr
+from engine_fixtures import EOS, VOCAB, tiny_engine
 from fastapi.testclient import TestClient
 from openai.types import completion_create_params as completion_types
 from openai.types.chat import completion_create_params as chat_types
 
 from sglang_dspark.engine.async_engine import AsyncEngine
+from sglang_dspark.engine.grammar import GrammarCompiler
 from sglang_dspark.server import create_app
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "REQUEST_FIELDS.md"
@@ -40,8 +42,12 @@ def documented(endpoint: str) -> dict[str, str]:
 def client():
     engine = AsyncEngine(tiny_engine("full", max_running=8))
     engine.start()
+    app = create_app(engine, served_model_name="tiny")
+    # the toy tokenizer is not a transformers one: its grammar compiler is given, over its words
+    app.state.grammar_compiler = GrammarCompiler(xgr.TokenizerInfo(
+        [f" w{i}" for i in range(VOCAB)], vocab_type=xgr.VocabType.RAW, vocab_size=VOCAB, stop_token_ids=[EOS]))
     try:
-        with TestClient(create_app(engine, served_model_name="tiny")) as c:
+        with TestClient(app) as c:
             yield c
     finally:
         engine.shutdown()
@@ -82,6 +88,8 @@ HONOURED = {
     "top_logprobs": ({"logprobs": True, "top_logprobs": 2},
                      lambda r, b: all(len(t["top_logprobs"]) == 2 for t in r.json()["choices"][0]["logprobs"]["content"])),
     "logit_bias": (None, lambda r, b: text(r.json()).split()[0] != text(b).split()[0]),
+    # no JSON can be spelled from the toy words: the grammar leaves only the stop token
+    "response_format": ({"response_format": {"type": "json_object"}}, lambda r, b: text(r.json()) == "" != text(b)),
     "stream": ({"stream": True}, lambda r, b: r.headers["content-type"].startswith("text/event-stream")),
     "stream_options": ({"stream": True, "stream_options": {"include_usage": True}},
                        lambda r, b: events(r)[-1]["usage"]["completion_tokens"] == 8),
@@ -92,7 +100,7 @@ INERT_VALUES = {"user": "u-1", "metadata": {"k": "v"}, "store": True, "service_t
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 # refused fields: (a value that would change the answer, the documented no-op value)
 REFUSED = {"frequency_penalty": (0.5, 0), "presence_penalty": (-1.0, 0.0),
-           "response_format": ({"type": "json_object"}, {"type": "text"}), "tools": ([TOOL], []),
+           "tools": ([TOOL], []),
            "tool_choice": ("required", "none"), "functions": ([TOOL["function"]], []),
            "function_call": ({"name": "f"}, "none"), "modalities": (["text", "audio"], ["text"]),
            "audio": ({"voice": "alloy", "format": "wav"}, None), "reasoning_effort": ("high", None),

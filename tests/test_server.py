@@ -282,7 +282,11 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", {**CHAT, "n": 0}, 400, "n"),
     # the field policy (docs/REQUEST_FIELDS.md): refused by name unless at their no-op value
     ("/v1/chat/completions", {**CHAT, "frequency_penalty": 0.5}, 400, "frequency_penalty"),
+    # grammars: the fake's byte tokenizer is no transformers tokenizer, so xgrammar cannot read it
     ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema"}}, 400, "response_format"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "xml"}}, 400, "response_format.type"),
+    ("/generate", {"text": "a", "sampling_params": {"regex": "a", "ebnf": "b"}}, 400, "sampling_params"),
     ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
     ("/v1/chat/completions", {**CHAT, "tool_choice": "required"}, 400, "tool_choice"),
     ("/v1/chat/completions", {**CHAT, "no_such_field": 1}, 400, "no_such_field"),

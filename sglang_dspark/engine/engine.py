@@ -167,8 +167,7 @@ class Engine:
         generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         req = Request(rid, prompt_ids, params, callback, generator, arrival=self.clock())
         if params.grammar is not None:
-            req.grammar = GrammarState(params.grammar, int(self.target.config.vocab_size), self.output.eos_ids,
-                                       max_rollback=self.gamma + 1)
+            req.grammar = GrammarState(params.grammar, self.output.eos_ids, max_rollback=self.gamma + 1)
         self.scheduler.add(req)
         return rid
 

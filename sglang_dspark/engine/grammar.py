@@ -40,8 +40,9 @@ class GrammarCompiler:
         self.compile = functools.lru_cache(maxsize=256)(self._compile)
 
     @classmethod
-    def for_tokenizer(cls, tokenizer, vocab_size: int, stop_ids: set[int]) -> GrammarCompiler:
-        return cls(xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_ids)))
+    def for_tokenizer(cls, tokenizer) -> GrammarCompiler:
+        """For a transformers tokenizer (xgrammar reads its vocabulary and stop tokens)."""
+        return cls(xgr.TokenizerInfo.from_huggingface(tokenizer))
 
     def _compile(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
         try:
@@ -59,9 +60,11 @@ class GrammarCompiler:
 class GrammarState:
     """One request's matcher over a compiled grammar."""
 
-    def __init__(self, compiled: xgr.CompiledGrammar, vocab_size: int, stop_ids: set[int], max_rollback: int):
+    def __init__(self, compiled: xgr.CompiledGrammar, stop_ids: set[int], max_rollback: int):
         self.matcher = xgr.GrammarMatcher(compiled, max_rollback_tokens=max_rollback)
-        self.vocab_size, self.stop_ids = vocab_size, sorted(stop_ids)
+        # the tokenizer's vocabulary; masks are padded with False up to the model's logits
+        vocab_size = compiled.tokenizer_info.vocab_size
+        self.vocab_size, self.stop_ids = vocab_size, sorted(t for t in stop_ids if t < vocab_size)
         self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
 
     def mask(self) -> torch.Tensor:

@@ -29,7 +29,6 @@ NEUTRAL = {
     "repetition_penalty": _none_or(1, 1.0),  # SGLang extension
     "min_p": _none_or(0, 0.0),  # SGLang extension
     "min_tokens": _none_or(0),  # SGLang extension
-    "response_format": lambda v: v is None or v == {"type": "text"},
     "tools": lambda v: not v,
     "functions": lambda v: not v,
     "tool_choice": _none_or("none"),
@@ -40,10 +39,7 @@ NEUTRAL = {
     "verbosity": _none_or(),
     "web_search_options": _none_or(),
     "suffix": _none_or(""),
-    "json_schema": _none_or(),  # SGLang's grammar parameters: not implemented in the reference engine
-    "regex": _none_or(),
-    "ebnf": _none_or(),
-    "structural_tag": _none_or(),
+    "structural_tag": _none_or(),  # SGLang's tag-triggered grammars
     "skip_special_tokens": _none_or(True),
     "spaces_between_special_tokens": _none_or(True),
     "no_stop_trim": _none_or(False),

@@ -16,6 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from sglang_dspark.engine.sampling import SamplingParams
 from sglang_dspark.server.common import CLIENT_CLOSED, engine_of, new_id, submit
 from sglang_dspark.server.errors import APIError
+from sglang_dspark.server.grammars import compile_grammar, generate_spec
 from sglang_dspark.server.logprobs import generate_logprobs, input_logprobs
 from sglang_dspark.server.params import check_token_ids, generate_params
 from sglang_dspark.server.protocol import GenerateRequest, SetInternalStateRequest
@@ -119,7 +120,9 @@ async def generate(body: GenerateRequest, request: Request):
     else:
         text_ids = await run_in_threadpool(engine.tokenizer.encode, body.text) if body.text else []
         ids = check_token_ids(text_ids, len(engine.tokenizer), "text")
-    params = generate_params(body, len(ids), engine.max_len - len(ids))
+    spec = generate_spec(body.sampling_params)
+    grammar = await compile_grammar(request, *spec) if spec else None
+    params = generate_params(body, len(ids), engine.max_len - len(ids), grammar)
     start = time.perf_counter()
     stream = submit(engine, ids, params, body.rid or new_id("gen"), "input_ids" if body.input_ids else "text")
     shape = _GenerateShape(engine.tokenizer, body, ids, start)

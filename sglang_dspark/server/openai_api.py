@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 
 from sglang_dspark.server.common import (CLIENT_CLOSED, engine_of, new_id, now, served_name, submit_choices,
                                          usage_of)
+from sglang_dspark.server.grammars import compile_grammar, response_format_spec
 from sglang_dspark.server.logprobs import chat_logprobs, completion_logprobs, echo_logprobs
 from sglang_dspark.server.params import (chat_prompt_ids, check_model, choices_per_prompt, completion_prompts,
                                          echo_only, openai_params)
@@ -44,7 +45,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     check_model(model, body.model)
     n = choices_per_prompt(body)
     ids = await chat_prompt_ids(engine.tokenizer, body)
-    params = openai_params(body, engine.max_len - len(ids), len(engine.tokenizer))
+    grammar = await compile_grammar(request, response_format_spec(body.response_format), "response_format")
+    params = openai_params(body, engine.max_len - len(ids), len(engine.tokenizer), grammar)
     rid = new_id("chatcmpl")
     streams = submit_choices(engine, [ids], [params], n, rid, "messages")
     base = {"id": rid, "created": now(), "model": model}

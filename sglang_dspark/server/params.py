@@ -79,7 +79,7 @@ def echo_only(body: _Sampling) -> bool:
     return isinstance(body, CompletionRequest) and body.echo and body.max_tokens == 0
 
 
-def openai_params(body: _Sampling, room: int, vocab_size: int) -> SamplingParams:
+def openai_params(body: _Sampling, room: int, vocab_size: int, grammar=None) -> SamplingParams:
     check_extra_fields(body.model_extra)
     max_tokens = body.max_tokens
     if isinstance(body, ChatCompletionRequest) and body.max_completion_tokens is not None:
@@ -93,6 +93,7 @@ def openai_params(body: _Sampling, room: int, vocab_size: int) -> SamplingParams
         logprobs=logprobs,
         top_logprobs=top,
         prompt_logprobs=echo and logprobs,
+        grammar=grammar,
         logit_bias=_logit_bias(body.logit_bias, vocab_size),
         max_tokens=_default_max_tokens(room) if max_tokens is None else max_tokens,
         temperature=1.0 if body.temperature is None else body.temperature,
@@ -104,7 +105,7 @@ def openai_params(body: _Sampling, room: int, vocab_size: int) -> SamplingParams
     )
 
 
-def generate_params(body: GenerateRequest, prompt_len: int, room: int) -> SamplingParams:
+def generate_params(body: GenerateRequest, prompt_len: int, room: int, grammar=None) -> SamplingParams:
     sp = body.sampling_params
     check_extra_fields(sp.model_extra, "sampling_params.")
     if not -1 <= body.logprob_start_len < prompt_len:
@@ -115,6 +116,7 @@ def generate_params(body: GenerateRequest, prompt_len: int, room: int) -> Sampli
         logprobs=body.return_logprob,
         top_logprobs=_top(body.top_logprobs_num, "top_logprobs_num") if body.return_logprob else 0,
         prompt_logprobs=body.return_logprob and body.logprob_start_len >= 0,
+        grammar=grammar,
         max_tokens=_default_max_tokens(room) if sp.max_new_tokens is None else sp.max_new_tokens,
         temperature=sp.temperature,
         top_p=sp.top_p,

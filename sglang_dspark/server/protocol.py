@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Strict, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, StrictStr
 
 Float = Annotated[float, Strict()]  # accepts ints, rejects strings and booleans
 Stop = StrictStr | list[StrictStr] | None
@@ -34,6 +34,21 @@ class _Sampling(BaseModel):
     logit_bias: dict[StrictStr, Float] | None = None  # token id (as a string) -> added to its logit
 
 
+class JsonSchemaFormat(BaseModel):
+    name: StrictStr | None = None
+    description: StrictStr | None = None
+    schema_: dict | bool | None = Field(default=None, alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format: text, json_object, or json_schema {name, schema, strict}."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class TextPart(BaseModel):
     type: StrictStr
     text: StrictStr | None = None
@@ -50,6 +65,7 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: StrictInt | None = None
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = None  # 0-20, needs logprobs
+    response_format: ResponseFormat | None = None
 
 
 class CompletionRequest(_Sampling):
@@ -68,6 +84,9 @@ class GenerateSamplingParams(BaseModel):
     stop: Stop = None
     seed: StrictInt | None = None
     ignore_eos: StrictBool = False
+    json_schema: StrictStr | None = None  # SGLang's grammars: a JSON schema as text, a regex, an EBNF
+    regex: StrictStr | None = None
+    ebnf: StrictStr | None = None
 
 
 class GenerateRequest(BaseModel):

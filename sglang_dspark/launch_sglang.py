@@ -90,6 +90,13 @@ def export_profile(profile, profile_file: str, out_dir: str | Path | None) -> tu
     return str(sps), None if sts is None else str(sts)
 
 
+def capture_batch_sizes(max_running: int) -> list[int]:
+    """Decode batch sizes to capture CUDA graphs for: 1, 2, 4, then every 8 up to max_running, and
+    max_running itself (SGLang pads a batch to the next size, and a verify of R requests to the next
+    size times gamma + 1 tokens)."""
+    return sorted({s for s in (1, 2, 4, *range(8, max_running + 1, 8)) if s <= max_running} | {max_running})
+
+
 def measured_requests(profile) -> int | None:
     """The most requests per step the profile's table was measured at (its measurements, else the
     additive table's last probe); None when it does not say."""
@@ -151,6 +158,11 @@ def commands(d: Deployment) -> list[NodeCommand]:
         max_running = min(max_running or d.tier.max_concurrency, d.tier.max_concurrency)
     if max_running is not None:
         argv += ["--max-running-requests", str(max_running), "--cuda-graph-max-bs-decode", str(max_running)]
+        if mode == "scheduled" and d.tier is not None and phase is None and d.gamma:
+            # the graphs SGLang captures, named so the plugin's SLA decision prices the one a budget runs as
+            sizes = capture_batch_sizes(max_running)
+            argv += ["--cuda-graph-bs-decode", *map(str, sizes)]
+            env["SGLANG_DSPARK_GRAPH_TOKENS"] = ",".join(str(bs * (d.gamma + 1)) for bs in sizes)
     for flag, value in (("--context-length", d.max_len), ("--random-seed", d.seed),
                         ("--served-model-name", d.served_model_name), ("--api-key", d.api_key),
                         ("--admin-api-key", d.admin_api_key)):

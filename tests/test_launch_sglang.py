@@ -215,3 +215,15 @@ def test_a_tier_beyond_the_measured_batch_sizes_is_refused_unless_forced(dirs, c
     assert "tier 'batch' admits 16 requests but the profile measured at most 4 per step" in err and "\n" not in err
     assert launch.main([*base, "--sla-tier", "interactive"]) == 0  # 4: inside what was measured
     assert launch.main([*base, "--sla-tier", "batch", "--force-profile"]) == 0
+
+
+def test_with_a_tier_the_captured_graph_sizes_reach_the_plugin(dirs, capsys, server_args):
+    parser, _ = server_args
+    (env, argv), = _dry_run(dirs, capsys, "--profile", str(dirs / "profile.yaml"), "--sla-tier", "interactive")
+    args = parser.parse_args(argv)
+    assert args.cuda_graph_bs_decode[-1] == args.max_running_requests == 4  # every batch the tier admits has a graph
+    gamma = args.speculative_dspark_block_size
+    assert env["SGLANG_DSPARK_GRAPH_TOKENS"] == ",".join(str(bs * (gamma + 1)) for bs in args.cuda_graph_bs_decode)
+    from sglang_dspark.sglang_plugin.settings import GRAPH_TOKENS_ENV
+
+    assert GRAPH_TOKENS_ENV == "SGLANG_DSPARK_GRAPH_TOKENS"  # the name the plugin reads

@@ -33,6 +33,10 @@ def around_budget(original_fn, *, history_survival_probs, sps_table, cfg):
     from sglang_dspark.core.schedule import decide_budget_sla
 
     ours = learned.ours if learned is not None else profile_table()
+    if plugin.graph_tokens:  # priced at the CUDA graph SGLang will run the budget as
+        from sglang_dspark.sglang_plugin.padded import PaddedTable
+
+        ours = PaddedTable(ours, plugin.graph_tokens)
     # the candidates SGLang's own budget considers: the first max_verify_len drafts, above its floor
     survival = history_survival_probs[:, : cfg.resolved_max_verify_len()]
     survival = survival.masked_fill(survival < cfg.survival_eps, 0.0)

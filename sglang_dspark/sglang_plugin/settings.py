@@ -7,6 +7,10 @@
                              this worker's steps (one attention-TP rank only: a table learned per rank
                              would give ranks different CUDA-graph sizes)
 
+    SGLANG_DSPARK_GRAPH_TOKENS=N,N,...   the verify token sizes SGLang captures CUDA graphs for
+                             (the launcher's --cuda-graph-bs-decode times gamma + 1): the SLA
+                             decision prices a budget at the graph it runs as (padded.py)
+
 With none of them set the plugin changes no decision; it still exports metrics when SGLang runs
 with --enable-metrics. Everything is read lazily, inside the worker process, once.
 """
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 PROFILE_ENV = "SGLANG_DSPARK_PROFILE"
 TIER_ENV = "SGLANG_DSPARK_SLA_TIER"
 LEARNING_ENV = "SGLANG_DSPARK_SPS_LEARNING"
+GRAPH_TOKENS_ENV = "SGLANG_DSPARK_GRAPH_TOKENS"
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,7 @@ class PluginSettings:
     profile: object | None  # SlaProfile
     tier: object | None  # SlaTier
     learning: bool
+    graph_tokens: tuple[int, ...] | None = None  # captured verify sizes, ascending
 
     @property
     def changes_decisions(self) -> bool:
@@ -44,4 +50,11 @@ def settings() -> PluginSettings:
     if tier_name and profile is None:
         raise ProfileError(f"{TIER_ENV}={tier_name} needs {PROFILE_ENV} (the tiers live in the profile)")
     tier = profile.tier(tier_name) if tier_name else None
-    return PluginSettings(profile, tier, os.environ.get(LEARNING_ENV, "") not in ("", "0", "false"))
+    graph = os.environ.get(GRAPH_TOKENS_ENV, "").strip()
+    try:
+        sizes = tuple(sorted({int(x) for x in graph.split(",") if x.strip()})) if graph else None
+    except ValueError:
+        raise ProfileError(f"{GRAPH_TOKENS_ENV}={graph!r}: expected comma-separated token counts") from None
+    if sizes is not None and (not sizes or sizes[0] < 1):
+        raise ProfileError(f"{GRAPH_TOKENS_ENV}={graph!r}: token counts must be >= 1")
+    return PluginSettings(profile, tier, os.environ.get(LEARNING_ENV, "") not in ("", "0", "false"), sizes)

@@ -1,38 +1,62 @@
-"""Median latency of TargetModel.forward_segments vs transformers eager, SmolLM2-135M shapes, random weights.
+"""Whole-model steps of the real target in every weight format: what a decode (B = R tokens) and a
+speculative verify (B = R x (1 + drafts) tokens) cost, and how much of it is not GEMM.
 
-Every case has 200 tokens of context per request and times one forward over the new tokens (all
-logits), the shapes of decode (x1) and speculative verify (x n). Both sides run in the same process
-with the same weights and thread count. A third column runs our model with PyTorch's default
-row-major [out, in] Linear weights instead of the input-major CPU layout (engine/weight_layout.py),
-and a first table times the single GEMMs of one layer and the lm_head in both layouts.
-Usage (from the repo root): PYTHONPATH=. python benchmarks/target_forward.py [--threads 2]
+Each case runs `TargetModel.forward_segments` of SmolLM2-135M (30 distinct layers plus the lm_head,
+so the weights stream from memory as in a served step; a one-layer loop would keep them in cache)
+over R requests with 200 tokens of context. Beside it, the same step's Linear layers alone (every
+weight of the model once, at the step's row count): the GEMM time; the rest (attention, norms,
+RoPE, masks, Python) is the step minus that. Formats and cases alternate call by call, so load from
+other processes hits all alike; medians of `--reps`.
+
+    python benchmarks/target_forward.py [--formats float32,bfloat16,int8] [--reps 9] [--threads 2]
+
+Writes benchmarks/results/target_forward.json and .png (step ms against B, one line per format and R).
 """
+
+from __future__ import annotations
 
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
 
-os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
 
-from sglang_dspark.engine.target_model import Segment, TargetModel
-from sglang_dspark.engine.weight_layout import input_major
+from common import ROOT
 
 CTX = 200
-CASES = [(1, n) for n in (1, 2, 4, 8, 16, 32, 64)] + [(4, 1), (4, 8), (16, 1), (16, 8)]  # (requests, new tokens)
-SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                    num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rms_norm_eps=1e-5,
-                    rope_theta=100000.0, tie_word_embeddings=True)
+CASES = [(1, b) for b in (1, 2, 3, 4, 6, 8, 12, 16)] + [(4, b) for b in (1, 2, 3, 4)]  # (R, tokens per request)
 
 
-def timed_interleaved(fns: dict, reps: int, warmup: int = 2) -> dict:
-    """Median and min ms per fn; the fns alternate call by call so load from other processes hits all alike."""
+def step_fn(model, R: int, n: int):
+    from sglang_dspark.engine.target_model import Segment
+
+    cache = model.new_kv_cache(R, CTX + 32)
+    g = torch.Generator().manual_seed(0)
+    model.forward_segments([Segment(r, 0, torch.randint(0, 49152, (CTX,), generator=g)) for r in range(R)], cache,
+                           logits_for="last")
+    new = [Segment(r, CTX, torch.randint(0, 49152, (n,), generator=g)) for r in range(R)]
+    return lambda: model.forward_segments(new, cache)  # rewrites the same positions: rollback is free
+
+
+def gemm_fn(model, rows: int):
+    """Every Linear of the model once at `rows` rows: the step's GEMM work, weights streaming."""
+    linears = [m for m in model.modules() if hasattr(m, "in_features") and hasattr(m, "out_features")]
+    dtype = model.dtype
+    xs = {m.in_features: torch.randn(rows, m.in_features, dtype=dtype) for m in linears}
+
+    def run():
+        with torch.inference_mode():
+            for m in linears:
+                m(xs[m.in_features])
+    return run
+
+
+def timed(fns: dict, reps: int, warmup: int = 2) -> dict:
     times = {k: [] for k in fns}
     for i in range(warmup + reps):
         for k, fn in fns.items():
@@ -40,106 +64,73 @@ def timed_interleaved(fns: dict, reps: int, warmup: int = 2) -> dict:
             fn()
             if i >= warmup:
                 times[k].append((time.perf_counter() - t0) * 1e3)
-    return {k: (statistics.median(v), min(v)) for k, v in times.items()}
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
-GEMM_SHAPES = {"qkv_proj": (576, 960), "gate_up_proj": (576, 3072), "down_proj": (1536, 576), "lm_head": (576, 49152)}
-GEMM_ROWS = (1, 4, 8, 16, 32, 64)
-
-
-def gemm_rows(reps: int) -> list[dict]:
-    """F.linear at M rows with the weight row-major vs input-major (same values)."""
-    rows = []
-    print(f"{'gemm':>12} {'M':>3} {'row-major ms':>12} {'input-major ms':>14} {'ratio':>6}")
-    for name, (k, n) in GEMM_SHAPES.items():
-        w = torch.randn(n, k)
-        packed = input_major(w)
-        for m in GEMM_ROWS:
-            x = torch.randn(m, k)
-            t = timed_interleaved({"row": lambda: torch.nn.functional.linear(x, w),
-                                   "input": lambda: torch.nn.functional.linear(x, packed)}, reps * 5)
-            row, inp = t["row"][0], t["input"][0]
-            rows.append(dict(gemm=name, m=m, k=k, n=n, row_major_ms=round(row, 4), input_major_ms=round(inp, 4),
-                             ratio=round(row / inp, 2)))
-            print(f"{name:>12} {m:3d} {row:12.3f} {inp:14.3f} {row / inp:5.2f}x", flush=True)
-    return rows
-
-
-def row_major_copy(model: TargetModel) -> TargetModel:
-    """The same model with PyTorch's default contiguous [out, in] Linear weights."""
-    import copy
-
-    other = copy.deepcopy(model)
-    for m in other.modules():
-        if isinstance(m, torch.nn.Linear):
-            m.weight = torch.nn.Parameter(m.weight.data.contiguous(), requires_grad=False)
-    return other
-
-
-def ours_step(model, R, n, scattered=False):
-    cache = model.new_kv_cache(R, CTX + 64)
-    slots = list(range(R))[::-1] if scattered else list(range(R))  # reversed: forces the gather path
-    g = torch.Generator().manual_seed(0)
-    model.forward_segments([Segment(s, 0, torch.randint(0, 49152, (CTX,), generator=g)) for s in slots], cache)
-    new = [Segment(s, CTX, torch.randint(0, 49152, (n,), generator=g)) for s in slots]
-    return lambda: model.forward_segments(new, cache)  # rewrites the same positions: rollback is free
-
-
-def hf_step(hf, R, n):
-    g = torch.Generator().manual_seed(0)
-    cache = DynamicCache(config=hf.config)
-    with torch.no_grad():
-        hf(torch.randint(0, 49152, (R, CTX), generator=g), past_key_values=cache, use_cache=True)
-    new = torch.randint(0, 49152, (R, n), generator=g)
-
-    def step():
-        with torch.no_grad():
-            hf(new, past_key_values=cache, use_cache=True)
-        cache.crop(-n)
-
-    return step
-
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "target_forward.json"))
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m-instruct", help="target directory or zoo name")
+    ap.add_argument("--formats", default="float32,bfloat16,int8", help="weight formats (engine/weight_format.py)")
+    ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    ap.add_argument("--reps", type=int, default=9, help="timed calls per case and format")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/target_forward.json", help="JSON output")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    config = LlamaConfig(**SMOLLM2_135M)
-    hf = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
-    model = TargetModel.from_hf_model(hf)
-    row_major = row_major_copy(model)
-    gemms = gemm_rows(args.reps)
+    from sglang_dspark import zoo
+    from sglang_dspark.engine.target_model import TargetModel
+    from sglang_dspark.profile.fingerprint import hardware_id
 
+    path = zoo.resolve_model(args.model)
+    formats = [f for f in args.formats.split(",") if f]
+    models = {fmt: TargetModel.from_pretrained(path, weight_format=fmt) for fmt in formats}
     rows = []
-    print(f"{'R x new':>9} {'tokens':>6} {'ours ms':>8} {'scattered':>9} {'row-major':>9} {'hf eager ms':>11} {'speedup':>7}   (min: ours / hf)")
+    print(f"{'R':>2} {'B':>3} " + " ".join(f"{fmt + ' ms':>14} {'gemm':>6} {'other':>6}" for fmt in formats))
     for R, n in CASES:
-        fns = {"ours": ours_step(model, R, n), "hf": hf_step(hf, R, n), "row_major": ours_step(row_major, R, n)}
-        if R > 1:
-            fns["scattered"] = ours_step(model, R, n, scattered=True)
-        t = timed_interleaved(fns, args.reps)
-        (ours, ours_min), (ref, ref_min) = t["ours"], t["hf"]
-        scat = t["scattered"][0] if R > 1 else None
-        rm = t["row_major"][0]
-        rows.append(dict(requests=R, new_tokens=n, context=CTX, ours_ms=round(ours, 2), hf_eager_ms=round(ref, 2),
-                         ours_row_major_ms=round(rm, 2), layout_speedup=round(rm / ours, 2),
-                         speedup=round(ref / ours, 2), ours_scattered_slots_ms=None if scat is None else round(scat, 2),
-                         ours_min_ms=round(ours_min, 2), hf_eager_min_ms=round(ref_min, 2)))
-        sc = f"{scat:9.1f}" if scat is not None else f"{'-':>9}"
-        print(f"{f'{R} x {n}':>9} {R * n:6d} {ours:8.1f} {sc} {rm:9.1f} {ref:11.1f} {ref / ours:6.2f}x   ({ours_min:.1f} / {ref_min:.1f})",
-              flush=True)
+        fns = {}
+        for fmt, model in models.items():
+            fns[(fmt, "step")] = step_fn(model, R, n)
+            fns[(fmt, "gemm")] = gemm_fn(model, R * n)
+        t = timed(fns, args.reps)
+        row = {"requests": R, "batch_tokens": R * n, "context": CTX}
+        for fmt in formats:
+            step, gemm = t[(fmt, "step")], t[(fmt, "gemm")]
+            row[fmt] = {"step_ms": round(step, 2), "gemm_ms": round(gemm, 2), "other_ms": round(step - gemm, 2)}
+        rows.append(row)
+        print(f"{R:>2} {R * n:>3} " + " ".join(
+            f"{row[f]['step_ms']:>14.1f} {row[f]['gemm_ms']:>6.1f} {row[f]['other_ms']:>6.1f}" for f in formats), flush=True)
+    for fmt in formats:  # the cost shape the scheduler sees: verify width against a plain step
+        base = next(r[fmt]["step_ms"] for r in rows if r["requests"] == 1 and r["batch_tokens"] == 1)
+        eight = next(r[fmt]["step_ms"] for r in rows if r["requests"] == 1 and r["batch_tokens"] == 8)
+        print(f"{fmt}: B = 8 costs {eight / base:.2f}x B = 1 at R = 1")
+    result = {"benchmark": "target_forward", "model": args.model, "hardware": hardware_id(), "threads": args.threads,
+              "reps": args.reps, "torch": torch.__version__, "formats": formats,
+              "statistic": "median ms; gemm = every Linear once at the step's rows; other = step - gemm", "rows": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    plot(rows, formats, args.out.with_suffix(".png"))
+    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
 
-    result = dict(
-        model="random-weight LlamaConfig with SmolLM2-135M shapes", dtype="float32", threads=args.threads,
-        reps=args.reps, statistic="median (and min) ms of one forward, all logits; ours and hf calls interleaved", torch=torch.__version__,
-        cpu=platform.processor() or platform.machine(), gemms=gemms, rows=rows,
-    )
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+
+def plot(rows: list[dict], formats: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for fmt in formats:
+        for R, style in ((1, "-o"), (4, "--s")):
+            pts = [(r["batch_tokens"], r[fmt]["step_ms"]) for r in rows if r["requests"] == R]
+            ax.plot(*zip(*pts), style, label=f"{fmt}, R = {R}")
+    ax.set_xlabel("verify width B (tokens in the step)")
+    ax.set_ylabel("step ms (median)")
+    ax.set_title("SmolLM2-135M whole-model step, by weight format")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

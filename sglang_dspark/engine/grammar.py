@@ -46,8 +46,8 @@ class GrammarCompiler:
 
     def _compile(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
         try:
-            if spec.kind == "json_object":
-                return self._compiler.compile_builtin_json_grammar()
+            if spec.kind == "json_object":  # OpenAI's json_object is an object, not any JSON value
+                return self._compiler.compile_json_schema('{"type": "object"}')
             if spec.kind == "json_schema":
                 return self._compiler.compile_json_schema(spec.source)
             if spec.kind == "regex":

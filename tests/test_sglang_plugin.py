@@ -195,7 +195,8 @@ def test_observer_metrics_appear_on_sglangs_own_metrics_endpoint(tmp_path):
         from sglang_dspark.sglang_plugin import observer
         fake = SimpleNamespace(_planner=SimpleNamespace(_budget_planner=SimpleNamespace(
             last_decision=SimpleNamespace(predicted_step_seconds=0.02))))
-        for step in range(4):  # numbers are a step late: four steps export three, two of them timed
+        for step in range(4):  # numbers are a step late: four steps export three, each timed by the interval
+            # after its hook (overlap scheduling, SGLang's default)
             time.sleep(0.01)
             observer.around_observe_step(lambda obs, **kw: None, fake, **_observe_kwargs(3, 7))
         from fastapi import FastAPI
@@ -216,7 +217,7 @@ def test_observer_metrics_appear_on_sglangs_own_metrics_endpoint(tmp_path):
         assert f'sglang_dspark_position_accepted_total{{position="{position}"}} {accepted:.1f}' in text
     assert 'position="6"' not in text
     assert "sglang_dspark_verify_tokens_sum 39.0" in text  # 3 anchors + 10 drafts, three times
-    assert "sglang_dspark_step_seconds_count 2.0" in text and "sglang_dspark_verify_budget_count 3.0" in text
+    assert "sglang_dspark_step_seconds_count 3.0" in text and "sglang_dspark_verify_budget_count 3.0" in text
     assert 'sglang_dspark_sps_table_source{source="profile"} 1.0' in text
 
 
@@ -256,6 +257,8 @@ def _learning_run(monkeypatch, attn_tp_size: int, steps: int = 64) -> dict:
 
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
     monkeypatch.setattr(rc, "get_parallel", lambda: SimpleNamespace(attn_tp_rank=0, attn_tp_size=attn_tp_size))
+    # the clock below charges each step before its hook: SGLang without overlap scheduling
+    monkeypatch.setattr(rc, "get_schedule", lambda: SimpleNamespace(disable_overlap_schedule=True))
     monkeypatch.setattr(observer, "_OBSERVER", None)
     clock = _Clock()
     monkeypatch.setattr(observer.time, "perf_counter", clock)

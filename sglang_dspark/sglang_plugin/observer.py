@@ -9,8 +9,11 @@ learning is on.
 
 Step time is what SGLang's own records call `step_cpu_ms` (and what `profile capture-http` reads
 when SGLang records no GPU time): the interval between consecutive decode steps, none across a
-prefill step or beyond MAX_STEP_SECONDS. Under overlap scheduling that interval is the step's real
-cost to throughput.
+prefill step or beyond MAX_STEP_SECONDS. It is paired with the step that produced it: under overlap
+scheduling (SGLang's default) the hook for step N runs once step N is launched, and the interval
+ending at step N+1's hook is what step N's forward kept the device busy, so it is step N's; with
+`--disable-overlap-schedule` each step runs before its hook, and the interval ending there is its
+own. (Pairing step N's tokens with step N-1's time smears theta(B) when budgets vary.)
 
 The tensors arrive on the device. Reading them now would stall the overlap scheduler, so each step
 stages its device-to-host copies (non-blocking, with an event) and a later step reads them once the
@@ -72,6 +75,8 @@ class StepObserver:
         self.learner = None
         self.learned: LearnedTable | None = None
         self.last_stamp: float | None = None  # the previous decode step's, None after a prefill
+        self.overlapped = True  # SGLang's overlap scheduler (decided at the first step)
+        self.last_info: dict | None = None  # the previous decode step's, waiting for its time (overlap)
         self.pending: list[tuple[_Staged, dict]] = []  # staged steps whose copies have not landed
         self.requests: dict[str, list[float]] = {}  # rid -> [first seen, tokens, last seen]
         self._refit: Future | None = None
@@ -79,7 +84,7 @@ class StepObserver:
 
     # -- hooks -----------------------------------------------------------------------------------
     def note_prefill(self) -> None:
-        self.last_stamp = None  # the next interval would hold a prefill: not a decode step's cost
+        self.last_stamp = self.last_info = None  # the next interval holds a prefill: no decode step's cost
 
     def observe(self, planner, kw: dict, decision) -> None:
         now = time.perf_counter()
@@ -89,6 +94,8 @@ class StepObserver:
         self.last_stamp = now
         if seconds is not None and not 0.0 < seconds <= MAX_STEP_SECONDS:
             seconds = None
+        if self.overlapped and self.last_info is not None:
+            self.last_info["seconds"], seconds = seconds, None  # the previous step's; this one's comes next
         while self.pending and self.pending[0][0].ready():
             staged, info = self.pending.pop(0)
             self._account(staged.tensors, info)
@@ -103,6 +110,7 @@ class StepObserver:
                 "time": now, "seconds": seconds, "predicted": getattr(decision, "predicted_step_seconds", None),
                 "source": self._source(planner)}
         self.pending.append((staged, info))
+        self.last_info = info
 
     # -- internals -------------------------------------------------------------------------------
     def _start(self) -> None:
@@ -111,6 +119,7 @@ class StepObserver:
         from sglang_dspark.sglang_plugin.targets import PARALLEL
 
         parallel = pkgutil.resolve_name(PARALLEL)()
+        self.overlapped = not _overlap_disabled()
         single_rank = getattr(parallel, "attn_tp_size", 1) == 1
         self.exporting = getattr(parallel, "attn_tp_rank", 0) == 0 and bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         if self.exporting:
@@ -208,6 +217,19 @@ class StepObserver:
 
         sglang_table = pkgutil.resolve_name(ADDITIVE_TABLE)(**table.table.model_dump())
         self.learned = LearnedTable(ours=table, table=sglang_table)
+
+
+def _overlap_disabled() -> bool:
+    """SGLang's --disable-overlap-schedule, as published to this scheduler process (overlap, its
+    default, where it cannot be read)."""
+    import pkgutil
+
+    from sglang_dspark.sglang_plugin.targets import SCHEDULE
+
+    try:
+        return bool(pkgutil.resolve_name(SCHEDULE)().disable_overlap_schedule)
+    except (RuntimeError, ValueError, AttributeError):
+        return False
 
 
 def torch_full(bs: int, gamma: int):

@@ -19,7 +19,8 @@ OBSERVERS_INIT = f"{O}.DsparkStepObservers.__init__"  # AFTER: settings read at 
 STS_RECORDER = f"{S}.StsDataRecorder"  # REPLACE (class): per-rank files, final flush
 SCHEDULER_SHUTDOWN = "sglang.srt.managers.scheduler.Scheduler.release_host_resources"  # AFTER: flush STS
 PARALLEL = "sglang.srt.runtime_context.get_parallel"  # read inside hooks only (unpublished at register)
+SCHEDULE = "sglang.srt.runtime_context.get_schedule"  # disable_overlap_schedule: which step an interval times
 ADDITIVE_TABLE = "sglang.srt.speculative.dspark_components.dspark_sps.SpsAdditiveCostTable"  # the learned table
 
 HOOKED = (PLANNER, OBSERVE_STEP, PREFILL_STEP, OBSERVERS_INIT, STS_RECORDER, SCHEDULER_SHUTDOWN)
-READ = (BUDGET_DECISION, PARALLEL, ADDITIVE_TABLE)
+READ = (BUDGET_DECISION, PARALLEL, SCHEDULE, ADDITIVE_TABLE)

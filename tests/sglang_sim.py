@@ -79,6 +79,7 @@ class SglangDspark:
         self.observers._info_dumper._clock = lambda: self.now  # the dumper's own injectable clock
         self.slots: dict[str, int] = {}
         self.forward_ct = 0
+        self.layouts: list = []  # SGLang's RaggedVerifyLayout of every step (None in static mode)
         self.gen = torch.Generator().manual_seed(seed)
 
     def close(self) -> None:
@@ -99,6 +100,7 @@ class SglangDspark:
         budget = self.planner.compute_budget_sync(confidence=confidence, prefix_lens=prefix, req_pool_indices=indices)
         layout = self.planner.schedule_layout(req_pool_indices=indices, prefix_lens=prefix, device=torch.device("cpu"),
                                               confidence=confidence, budget=budget)
+        self.layouts.append(layout)
         tokens = layout.graph_num_tokens if layout is not None else bs * (GAMMA + 1)
         self.now += self.cost(bs, tokens)  # the step runs
         self.forward_ct += 1

@@ -161,12 +161,16 @@ def test_a_tier_without_a_profile_is_refused(plugin_env):
         settings()
 
 
-def _observe_kwargs(bs: int, gamma: int) -> dict:
-    """Every keyword SGLang's worker passes to observe_verify_step, with CPU tensors. verify_lens
-    count rows, the anchor included (RaggedVerifyLayout), so these requests verify 3, 1 and 6 drafts
-    and accept 2, 0 and 4 of them."""
+def _observe_kwargs(bs: int, gamma: int, verify_lens=(4, 2, 7), grid=(16,)) -> dict:
+    """Every keyword SGLang's worker passes to observe_verify_step, with CPU tensors and SGLang's own
+    RaggedVerifyLayout (its verify_lens count rows, the anchor included: test_sglang_observer_records
+    checks that against SGLang's planner), so these requests verify 3, 1 and 6 drafts and accept 2, 0
+    and 4 of them."""
+    from sglang.srt.speculative.ragged_verify import RaggedVerifyLayout
+
     commit = torch.tensor([3, 1, 5][:bs])
-    layout = SimpleNamespace(verify_lens=torch.tensor([4, 2, 7][:bs]), graph_num_tokens=16)
+    layout = RaggedVerifyLayout.from_verify_lens(verify_lens_cpu=list(verify_lens[:bs]), device=torch.device("cpu"),
+                                                 grid=list(grid))
     return dict(forward_ct=1, reqs=[SimpleNamespace(rid=f"r{i}") for i in range(bs)], bs=bs, proposal_folded=False,
                 verify_ids_2d=torch.zeros(bs, gamma + 1, dtype=torch.int64), target_logits=None, layout=layout,
                 confidence=None, confidence_raw=None, prefix_lens=torch.zeros(bs), draft_tokens=torch.zeros(bs, gamma),
@@ -265,8 +269,7 @@ def _learning_run(monkeypatch, attn_tp_size: int, steps: int = 64) -> dict:
     fake = SimpleNamespace(_planner=SimpleNamespace(_budget_planner=SimpleNamespace(last_decision=None)))
     for step in range(steps):
         bs, tokens = 1 + step % 3, (4, 8, 16, 24)[step % 4]
-        kw = _observe_kwargs(bs, 7)
-        kw["layout"].graph_num_tokens = tokens
+        kw = _observe_kwargs(bs, 7, verify_lens=(1, 1, 1), grid=(tokens,))  # a graph of `tokens` rows
         clock.now += 0.010 + 0.002 * bs + 0.0005 * tokens  # this host's step time, since the last step
         observer.around_observe_step(lambda obs, **k: None, fake, **kw)
         if step == steps // 2:

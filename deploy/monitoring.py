@@ -12,11 +12,12 @@ ops/grafana/dspark.json into a ConfigMap itself.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import yaml
+
+from sglang_dspark.help_format import DefaultsHelpFormatter, OneLineErrorParser
 
 ROOT = Path(__file__).resolve().parents[1]
 PROM = ROOT / "ops" / "prometheus"
@@ -86,7 +87,9 @@ def stale() -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python deploy/monitoring.py", description=__doc__.splitlines()[0])
+    p = OneLineErrorParser(prog="python deploy/monitoring.py",
+                           description="Generate deploy/k8s/monitoring/ (PrometheusRule, PodMonitors) from ops/prometheus/.",
+                           formatter_class=DefaultsHelpFormatter)
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 when a generated file is out of date")
     args = p.parse_args(argv)
     if args.check:

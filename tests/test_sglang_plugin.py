@@ -225,18 +225,44 @@ def test_observer_metrics_appear_on_sglangs_own_metrics_endpoint(tmp_path):
     assert 'sglang_dspark_sps_table_source{source="profile"} 1.0' in text
 
 
-def test_sts_recorders_write_per_rank_and_flush_their_last_shard(tmp_path, monkeypatch):
+def _sts_launch(tmp_path, monkeypatch, rows: torch.Tensor, ranks=((0, 0), (1, 1))) -> None:
+    """One SGLang launch with STS collection on: each (tp_rank, attn_tp_rank) of one DP group (dp_rank
+    None, SGLang's value without DP) records the same rows, then the shutdown hook flushes."""
     import sglang.srt.runtime_context as rc
     from sglang.srt.speculative.dspark_components.dspark_sts import StsDataRecorder
 
     from sglang_dspark.sglang_plugin import sts
 
-    monkeypatch.setattr(rc, "get_parallel", lambda: SimpleNamespace(tp_rank=1, dp_rank=0))
-    recorder = sts.per_rank_recorder(getattr(StsDataRecorder, "__wrapped__", StsDataRecorder))(
-        path_stem=str(tmp_path / "sts"), gamma=4, flush_every=256)
-    recorder.record(confidence_raw=torch.zeros(2, 4), num_correct_drafts=torch.tensor([1, 3]))
-    sts.flush_all()  # what the shutdown hook does: the partial shard is written
-    assert [p.name for p in tmp_path.iterdir()] == ["sts.dp0.tp1.0.pt"]
+    recorders = []
+    for tp_rank, attn_tp_rank in ranks:
+        sts.run_id.cache_clear()  # each rank is its own process
+        monkeypatch.setattr(rc, "get_parallel", lambda: SimpleNamespace(tp_rank=tp_rank, attn_tp_rank=attn_tp_rank,
+                                                                        dp_rank=None))
+        recorder = sts.per_rank_recorder(getattr(StsDataRecorder, "__wrapped__", StsDataRecorder))(
+            path_stem=str(tmp_path / "sts"), gamma=4, flush_every=2)
+        for row in rows:  # 3 rows, flush_every 2: one full shard and a partial one only the final flush writes
+            recorder.record(confidence_raw=row.view(1, 4), num_correct_drafts=torch.tensor([1]))
+        recorders.append(recorder)
+    sts.flush_all()
+    sts.run_id.cache_clear()
+
+
+def test_sts_two_tp_ranks_two_launches_sglangs_fit_reads_each_row_once(tmp_path, monkeypatch):
+    from sglang.benchmark.dspark_sts_fit import load_collected_shards
+
+    first, second = torch.arange(12.0).view(3, 4), -torch.arange(12.0).view(3, 4) - 1
+    _sts_launch(tmp_path, monkeypatch, first)
+    written = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    _sts_launch(tmp_path, monkeypatch, second)  # relaunch: the first run's shards stay as they were
+    assert all((tmp_path / name).read_bytes() == data for name, data in written.items())
+    assert len(list(tmp_path.iterdir())) == 2 * len(written) == 4 and ".dpNone." not in " ".join(written)
+    logits, _ = load_collected_shards(data_glob=str(tmp_path / "sts.*.pt"))  # SGLang's own fit tool
+    assert sorted(map(tuple, logits.tolist())) == sorted(map(tuple, torch.cat([first, second]).tolist()))
+
+
+def test_sts_collection_is_refused_in_compact_mode():
+    from sglang_dspark.sglang_plugin import sts
+
     compact = SimpleNamespace(_sts_collect_path="x", _planner=SimpleNamespace(is_compact_mode=True))
     with pytest.raises(ValueError, match="compact verify mode"):
         sts.refuse_compact_collection(None, compact)

@@ -386,3 +386,15 @@ def test_finished_requests_are_not_aborted(client, engine):
     client.post("/v1/chat/completions", json={**CHAT, "stream": True})
     client.post("/generate", json={"text": "a"})
     assert len(engine.submitted) == 2 and engine.aborted == []
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_disconnect_aborts_every_choice_of_a_request(engine, stream):
+    engine.hold = True
+    if stream:
+        trigger = lambda sent: any(m["type"] == "http.response.body" and m.get("body") for m in sent)
+    else:
+        trigger = lambda sent: len(engine.submitted) == 4
+    body = {"prompt": ["ab", "cd"], "n": 2, "stream": stream}
+    asyncio.run(_disconnect_after(create_app(engine), "/v1/completions", body, trigger))
+    assert sorted(engine.aborted) == sorted(rid for _, _, rid in engine.submitted) and len(engine.aborted) == 4

@@ -154,8 +154,11 @@ def commands(d: Deployment) -> list[NodeCommand]:
         names = [n.strip() for n in d.user_plugins.split(",") if n.strip()]
         env["SGLANG_PLUGINS"] = ",".join(dict.fromkeys([*names, "sglang_dspark", *SHIPPED_PLUGINS]))
     max_running = d.max_running
-    if d.tier is not None and mode == "scheduled" and phase is None:  # SGLang has no SLA admission: the tier's concurrency caps the batch
-        max_running = min(max_running or d.tier.max_concurrency, d.tier.max_concurrency)
+    if d.tier is not None and mode == "scheduled" and phase is None:
+        # SGLang has no SLA admission: the tier's concurrency caps the batch, shared by the --dp
+        # replicas (each admits --max-running-requests of its own)
+        share = max(1, d.tier.max_concurrency // d.dp)
+        max_running = min(max_running or share, share)
     if max_running is not None:
         argv += ["--max-running-requests", str(max_running), "--cuda-graph-max-bs-decode", str(max_running)]
         if mode == "scheduled" and d.tier is not None and phase is None and d.gamma:

@@ -88,7 +88,8 @@ def test_every_printed_command_parses_with_sglangs_server_args(dirs, capsys, ser
         if mode == "scheduled":
             assert env["SGLANG_DSPARK_PROFILE"] == str(profile.resolve())
             assert ("SGLANG_DSPARK_SLA_TIER" in env) == bool(tier and tier[0] == "--sla-tier")
-            assert args.max_running_requests == (4 if tier and tier[0] == "--sla-tier" else 8)  # the tier's cap
+            # the tier's cap (4), shared by the data-parallel replicas
+            assert args.max_running_requests == (4 // dp if tier and tier[0] == "--sla-tier" else 8)
             exported = json.loads(open(args.speculative_dspark_sps_table_path).read())
             assert exported["sample_batch_tokens"] == [1, 4, 8, 16, 32]
             assert args.speculative_dspark_sps_table_path.startswith(str(dirs / ("shared" if shared else "home/.cache")))

@@ -223,9 +223,9 @@ def capture_http(base_url: str, *, name: str, model: str | None = None, draft: s
             raise ProfileError("server_info: the server does not speculate (gamma 0); start it with a drafter")
         engine = info.get("engine") if info.get("engine") in ENGINES else "sglang"
         if engine == "sglang" and phase == "compact" and rec.get("mode") == "static":
-            raise ProfileError(f"--phase compact: the server runs static verify ({base_url}), where forced fractions do "
-                               "nothing; capture --phase static here, then restart it in compact mode with that table "
-                               "(launch --engine sglang --profile-capture --profile PHASE1.yaml)")
+            raise ProfileError(f"--phase compact: the server runs static verify ({base_url}), where forced "
+                               "fractions do nothing; capture --phase static here, then restart it in compact mode "
+                               "with that table (launch --engine sglang --profile-capture --profile PHASE1.yaml)")
         max_running = info.get("max_running_requests")
         max_running = max_running if isinstance(max_running, int) else None
         torch_version, sglang_version = server_versions(info, engine)

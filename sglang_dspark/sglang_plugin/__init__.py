@@ -2,9 +2,10 @@
 
 `register()` runs once in every SGLang process (entry point `sglang.srt.plugins:sglang_dspark` in
 pyproject.toml; `SGLANG_PLUGINS`, when set, must list it). It checks the SGLang version and that
-every hook target exists, and registers nothing (one log line, SGLang keeps working) when either
-fails: one ERROR line, and `sglang_dspark_plugin_active` 0 on /metrics (1 when registered). The hooks (targets.py): the SLA / learned-table planner (planner.py), metrics and the
-learner's feed from the step observer (observer.py), and the STS collection fixes (sts.py).
+every hook target exists, and registers nothing (SGLang keeps working) when either fails: one
+ERROR line, and `sglang_dspark_plugin_active` 0 on /metrics (1 when registered). The hooks
+(targets.py): the SLA / learned-table planner (planner.py, padded.py), metrics and the learner's
+feed from the step observer (observer.py), and the STS collection fixes (sts.py).
 
 Nothing here imports prometheus_client or reads SGLang's parallel config at load time: SGLang sets
 PROMETHEUS_MULTIPROC_DIR and publishes ranks later; both are read inside the hooks.

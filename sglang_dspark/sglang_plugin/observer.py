@@ -90,6 +90,8 @@ class StepObserver:
         now = time.perf_counter()
         if self.exporting is None:
             self._start()
+        if self.metrics is None and self.learner is None:
+            return  # nothing here reads the step (another attention-TP rank, or no metrics): stage nothing
         seconds = None if self.last_stamp is None else now - self.last_stamp
         self.last_stamp = now
         if seconds is not None and not 0.0 < seconds <= MAX_STEP_SECONDS:

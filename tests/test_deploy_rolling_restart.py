@@ -176,7 +176,7 @@ def test_a_rolling_restart_through_the_router_loses_no_request(tmp_path):
                                        "--worker", url, "--timeout", "60"], capture_output=True, text=True, timeout=90)
                 assert done.returncode == 0, done.stderr
                 _wait(lambda: _served(url) > 0, 120, f"replica {i} took no request after it rejoined")
-                timeline.append(f"replica {i}: drained in {drained_s:.1f} s, rejoined")
+                timeline.append(f"replica {i}: drained in {drained_s:.1f} s, back in {time.monotonic() - t0:.0f} s")
             runs_now = len(load.reports)
             load.wait_for_runs(runs_now + 1, 300)  # one whole run with both replicas back
         assert not load.errors, load.errors[0]
@@ -185,7 +185,7 @@ def test_a_rolling_restart_through_the_router_loses_no_request(tmp_path):
         requests, failures = sum(s["requests"] for s in steps), sum(s["failures"] for s in steps)
         locust_failures = sum(s["locust"]["failures"] for s in steps)
         print(f"\nrolling restart: {'; '.join(timeline)}; {len(reports)} load runs of {LOAD_USERS} streaming users: "
-              f"{requests} requests, {failures} failed or cut (Locust: {locust_failures})")
+              f"{requests} requests, {failures} failed or cut (Locust: {locust_failures}); reports: {load.out}")
         assert requests > 0
         assert failures == 0 and locust_failures == 0, [s for s in steps if s["failures"]]
     finally:

@@ -156,3 +156,19 @@ def test_an_unknown_field_is_refused_by_name(client, endpoint):
 def test_best_of_beyond_n_is_refused(client):
     r = client.post(COMPLETIONS, json={**BASE[COMPLETIONS], "best_of": 3, "n": 2})
     assert r.status_code == 400 and r.json()["error"]["param"] == "best_of"
+
+
+# SGLang's chat extensions at their defaults, as sglang-router re-serialises every request it routes
+SGLANG_DEFAULTS = {"continue_final_message": False, "skip_special_tokens": True, "separate_reasoning": True,
+                   "stream_reasoning": True, "no_stop_trim": False, "return_hidden_states": False, "min_p": 0.0,
+                   "min_tokens": 0, "repetition_penalty": 1.0, "top_k": -1, "lora_path": None,
+                   "session_params": None, "chat_template_kwargs": None, "sampling_seed": None,
+                   "stop_token_ids": None, "regex": None, "ebnf": None, "json_schema": None, "rid": None}
+
+
+def test_sglang_extensions_at_their_defaults_are_accepted_and_change_nothing(client):
+    baseline = client.post(CHAT, json=BASE[CHAT]).json()
+    r = client.post(CHAT, json={**BASE[CHAT], **SGLANG_DEFAULTS})
+    assert r.status_code == 200 and text(r.json()) == text(baseline), r.text
+    r = client.post(CHAT, json={**BASE[CHAT], "continue_final_message": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message"

@@ -15,6 +15,9 @@ INERT = frozenset({
     "prompt_cache_retention",
     "prediction",  # predicted outputs only speed decoding up; the answer is the model's either way
     "parallel_tool_calls",  # only means something with tools, which are refused
+    # SGLang's: they split a reasoning model's output only under --reasoning-parser, which this
+    # server does not have (SGLang without one ignores them too)
+    "separate_reasoning", "stream_reasoning",
 })
 
 
@@ -40,6 +43,17 @@ NEUTRAL = {
     "web_search_options": _none_or(),
     "suffix": _none_or(""),
     "structural_tag": _none_or(),  # SGLang's tag-triggered grammars
+    "json_schema": _none_or(),  # SGLang's grammar parameters: served on /generate's sampling_params
+    "regex": _none_or(),
+    "ebnf": _none_or(),
+    # the rest of SGLang's chat / completions extensions, at the defaults its clients (sglang-router)
+    # send back when they re-serialise a request
+    "continue_final_message": _none_or(False),
+    "chat_template_kwargs": lambda v: not v,
+    "session_params": _none_or(),
+    "return_hidden_states": _none_or(False),
+    "sampling_seed": _none_or(),
+    "rid": _none_or(),
     "skip_special_tokens": _none_or(True),
     "spaces_between_special_tokens": _none_or(True),
     "no_stop_trim": _none_or(False),

@@ -143,3 +143,36 @@ def test_router_workers_bad_input_exits_2(capsys):
         router_workers.main(["join", "--router", "http://r"])
     assert exc.value.code == 2
     assert capsys.readouterr().err.count("\n") == 2
+
+
+SGLANG_COMMANDS = [(w, argv) for w, argv in POD_COMMANDS + [(f"{u} {k}", a) for u, k, a in UNIT_COMMANDS]
+                   if argv[2] == "sglang_dspark.launch" and argv[argv.index("--engine") + 1] == "sglang"]
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("where,argv", SGLANG_COMMANDS, ids=[w for w, _ in SGLANG_COMMANDS])
+def test_sglang_replicas_launch_what_sglangs_own_parser_accepts(where, argv, tmp_path, monkeypatch, capsys):
+    """The launcher's dry run of the manifest's args (model and drafter: stand-in directories at the
+    mount paths) prints SGLang commands that SGLang's ServerArgs parse, the node's rank among them."""
+    from sglang.srt.server_args import ServerArgs
+    from test_launch_sglang import printed_nodes
+    from test_profiles import make_model_dirs
+
+    target, draft = make_model_dirs(tmp_path, gamma=3)
+    paths = {"/models/target": str(target), "/models/draft": str(draft), "/srv/dspark/models/target": str(target),
+             "/srv/dspark/models/draft": str(draft)}
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
+    args = [paths.get(w, w) for w in argv[3:]]
+    assert launch.main([*args, "--dry-run"]) == 0, capsys.readouterr().err
+    nodes = printed_nodes(capsys.readouterr().out)
+    mine = launch.build_parser().parse_args(args)
+    assert len(nodes) == mine.nnodes
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    ServerArgs.add_cli_args(parser)
+    parsed = [parser.parse_args(node_argv) for _, node_argv in nodes]
+    assert [p.node_rank for p in parsed] == list(range(mine.nnodes))
+    for env, p in zip((e for e, _ in nodes), parsed):
+        assert ServerArgs.from_cli_args(p).model_path == str(target) and p.speculative_algorithm == "DSPARK"
+        assert p.tp_size == mine.tp and p.port == mine.port and p.host == mine.host
+        assert env["SGLANG_RAGGED_VERIFY_MODE"] == {"full": "static", "scheduled": "compact"}[mine.mode]

@@ -77,3 +77,13 @@ def test_sampled_constrained_output_with_drafting_follows_the_constrained_target
     monkeypatch.setattr(engine_module, "constrain_ragged", lambda logits, *a: logits)
     bad2, bad3 = _tokens_2_and_3(tiny_engine("full", hf=hf, max_running=16, seed=2), prompt, grammar)
     assert min(two_sample_pvalue(bad2, ref2), two_sample_pvalue(bad3, ref3)) < ALPHA
+
+
+def test_the_canary_replays_a_constrained_request_under_its_grammar(compiler, tmp_path):
+    from test_canary import _drain
+
+    engine = tiny_engine("full", hf=tiny_hf_target(), max_running=4, canary_share=1.0, canary_dir=str(tmp_path))
+    params = SamplingParams(max_tokens=12, temperature=0.0, grammar=compiler.compile(GrammarSpec("regex", REGEX)))
+    run_to_completion(engine, [[5, 9, 11], [40, 3]], [params] * 2)
+    _drain(engine)
+    assert engine.canary.replays == 2 and engine.canary.mismatches == 0

@@ -165,11 +165,15 @@ class Engine:
         if rid in self.scheduler:
             raise ValueError(f"rid: a request with id {rid!r} is already in flight")
         generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
-        req = Request(rid, prompt_ids, params, callback, generator, arrival=self.clock())
-        if params.grammar is not None:
-            req.grammar = GrammarState(params.grammar, self.output.eos_ids, max_rollback=self.gamma + 1)
-        self.scheduler.add(req)
+        self.scheduler.add(self._constrained(Request(rid, prompt_ids, params, callback, generator,
+                                                     arrival=self.clock())))
         return rid
+
+    def _constrained(self, req: Request) -> Request:
+        """The request with its own grammar matcher when its params carry a grammar."""
+        if req.params.grammar is not None:
+            req.grammar = GrammarState(req.params.grammar, self.output.eos_ids, max_rollback=self.gamma + 1)
+        return req
 
     def abort(self, request_id: str) -> None:
         req = self.scheduler.remove(request_id)
@@ -377,8 +381,9 @@ class Engine:
             self.policy.on_idle()
 
     def _replay_request(self, replay: Replay) -> Request:
-        return Request(f"canary-{next(self._ids)}-{replay.original_id}", replay.prompt_ids, replay_params(replay.params),
-                       lambda out: None, None, arrival=self.clock())
+        # a constrained original is replayed under its grammar: else every replay would mismatch
+        return self._constrained(Request(f"canary-{next(self._ids)}-{replay.original_id}", replay.prompt_ids,
+                                         replay_params(replay.params), lambda out: None, None, arrival=self.clock()))
 
     def _release_replay(self, req: Request) -> None:
         self.policy.release(req.id)

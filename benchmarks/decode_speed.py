@@ -66,6 +66,28 @@ def run_mode(engine, prompts: list[list[int]], params) -> dict:
     }
 
 
+def summarize_arms(row: dict, runs: dict[str, list[dict]], arms) -> dict:
+    """`row` with each arm's median-speed run (all runs' speeds kept) and the speed ratios: per
+    repeat, each arm over target-only and over the better of target-only and verify-all in the same
+    repeat, and their medians."""
+    for arm in arms:  # the run with the median speed stands for the arm; all runs are kept
+        ordered = sorted(runs[arm], key=lambda r: r["output_tok_s"])
+        row[arm] = {**ordered[len(ordered) // 2], "runs_output_tok_s": [r["output_tok_s"] for r in runs[arm]]}
+    speed = {arm: [r["output_tok_s"] for r in runs[arm]] for arm in arms}
+    vs_target = [d / t for d, t in zip(speed["default"], speed["target"])]
+    vs_best = [d / max(t, f) for d, t, f in zip(speed["default"], speed["target"], speed["full"])]
+    row["default_vs_target_per_repeat"] = [round(x, 3) for x in vs_target]
+    row["default_vs_best_per_repeat"] = [round(x, 3) for x in vs_best]
+    row["default_vs_target"] = round(statistics.median(vs_target), 3)
+    row["default_vs_best"] = round(statistics.median(vs_best), 3)
+    row["full_vs_target"] = round(statistics.median(f / t for f, t in zip(speed["full"], speed["target"])), 3)
+    for arm in (a for a in SCHEDULED if a in arms and a != "default"):
+        row[f"{arm}_vs_target"] = round(statistics.median(o / t for o, t in zip(speed[arm], speed["target"])), 3)
+        row[f"{arm}_vs_best"] = round(statistics.median(
+            o / max(t, f) for o, t, f in zip(speed[arm], speed["target"], speed["full"])), 3)
+    return row
+
+
 def engine_for(arm: str, pair, launch_profiles: dict, concurrency: int, model: str):
     """`launch_profiles`: "default" -> what launch resolves --profile to here, "seeded" -> the same
     for --seed-profile (None when the seeded arm does not run)."""
@@ -151,21 +173,7 @@ def main() -> None:
                       f"tau {runs[arm][-1]['tau']:.2f}  drafted steps {runs[arm][-1]['drafted_steps']:>3} "
                       f"({runs[arm][-1]['drafted_s']:.2f} s)  plain step {runs[arm][-1]['plain_step_ms_median'] or 0:.1f} ms",
                       flush=True)
-        for arm in arms:  # the run with the median speed stands for the arm; all runs are kept
-            ordered = sorted(runs[arm], key=lambda r: r["output_tok_s"])
-            row[arm] = {**ordered[len(ordered) // 2], "runs_output_tok_s": [r["output_tok_s"] for r in runs[arm]]}
-        speed = {arm: [r["output_tok_s"] for r in runs[arm]] for arm in arms}
-        vs_target = [d / t for d, t in zip(speed["default"], speed["target"])]
-        vs_best = [d / max(t, f) for d, t, f in zip(speed["default"], speed["target"], speed["full"])]
-        row["default_vs_target_per_repeat"] = [round(x, 3) for x in vs_target]
-        row["default_vs_best_per_repeat"] = [round(x, 3) for x in vs_best]
-        row["default_vs_target"] = round(statistics.median(vs_target), 3)
-        row["default_vs_best"] = round(statistics.median(vs_best), 3)
-        row["full_vs_target"] = round(statistics.median(f / t for f, t in zip(speed["full"], speed["target"])), 3)
-        for arm in (a for a in SCHEDULED if a in arms and a != "default"):
-            row[f"{arm}_vs_target"] = round(statistics.median(o / t for o, t in zip(speed[arm], speed["target"])), 3)
-            row[f"{arm}_vs_best"] = round(statistics.median(
-                o / max(t, f) for o, t, f in zip(speed[arm], speed["target"], speed["full"])), 3)
+        summarize_arms(row, runs, arms)
         rows.append(row)
 
     others = [a for a in SCHEDULED if a in arms and a != "default"]

@@ -40,6 +40,23 @@ def test_decode_speed_run_mode_summarises_the_recorded_steps(monkeypatch):
     assert out["outside_decode_s"] == pytest.approx(0.048)  # 100 ms wall - 52 ms of steps
 
 
+def test_decode_speed_ratios_are_per_repeat_and_the_median_run_stands_for_the_arm():
+    def runs(*speeds):
+        return [{"output_tok_s": s, "tau": s / 10} for s in speeds]
+
+    # three repeats; repeat i of every arm ran back to back
+    row = decode_speed.summarize_arms({"concurrency": 4}, {
+        "target": runs(10.0, 20.0, 40.0), "full": runs(20.0, 10.0, 20.0), "default": runs(15.0, 30.0, 40.0),
+        "online": runs(5.0, 40.0, 20.0)}, ("target", "full", "default", "online"))
+    assert row["default"]["output_tok_s"] == 30.0 and row["default"]["tau"] == 3.0  # the median run, whole
+    assert row["default"]["runs_output_tok_s"] == [15.0, 30.0, 40.0]
+    assert row["default_vs_target_per_repeat"] == [1.5, 1.5, 1.0]  # 15/10, 30/20, 40/40
+    assert row["default_vs_best_per_repeat"] == [0.75, 1.5, 1.0]  # 15/20, 30/20, 40/40
+    assert row["default_vs_target"] == 1.5 and row["default_vs_best"] == 1.0
+    assert row["full_vs_target"] == 0.5  # median of 2, 0.5, 0.5
+    assert row["online_vs_target"] == 0.5 and row["online_vs_best"] == 0.5  # medians of (0.5, 2, 0.5), (0.25, 2, 0.5)
+
+
 def test_decode_speed_pool_pairs_each_repeat_with_its_own_target_run(tmp_path):
     def run(name, rows, sources=None):
         path = tmp_path / f"{name}.json"

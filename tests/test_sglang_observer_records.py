@@ -13,6 +13,28 @@ import pytest
 pytestmark = pytest.mark.sglang
 
 
+def _snapshot(registry) -> dict:
+    """Every sample of `registry` now. Under prometheus_client's multiprocess mode (decided at its
+    first import in the process) a family's values are shared by name, so a test takes the
+    difference its own steps made."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for family in registry.collect() for s in family.samples}
+
+
+def single_process_metrics() -> None:
+    """Import prometheus_client before PROMETHEUS_MULTIPROC_DIR is set (it picks its mode at its
+    first import), so each registry here holds its own values."""
+    import prometheus_client  # noqa: F401
+
+
+def started_observer():
+    """The process's step observer, started (its metrics exist) before any step."""
+    from sglang_dspark.sglang_plugin import observer
+
+    obs = observer.observer()
+    obs._start()
+    return obs
+
+
 def test_exported_counts_equal_sglangs_own_accounting(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
@@ -22,6 +44,7 @@ def test_exported_counts_equal_sglangs_own_accounting(monkeypatch, tmp_path):
 
     from sglang_dspark.sglang_plugin import observer, settings
 
+    single_process_metrics()
     for key in (settings.PROFILE_ENV, settings.TIER_ENV, settings.LEARNING_ENV):
         monkeypatch.delenv(key, raising=False)
     settings.settings.cache_clear()
@@ -29,6 +52,8 @@ def test_exported_counts_equal_sglangs_own_accounting(monkeypatch, tmp_path):
     monkeypatch.setattr(rc, "get_parallel", lambda: SimpleNamespace(attn_tp_rank=0, attn_tp_size=1))
     monkeypatch.setattr(observer, "_OBSERVER", None)
     table = str(make_profile(engine="sglang", gamma=GAMMA).export_sglang(tmp_path / "export")[0])
+    obs = started_observer()
+    before = _snapshot(obs.metrics.registry)
     sim = SglangDspark("compact", table)
     try:
         observers = sim.observers
@@ -47,10 +72,11 @@ def test_exported_counts_equal_sglangs_own_accounting(monkeypatch, tmp_path):
     layouts, records = sim.layouts[:-1], records[:-1]
     rows = [int(layout.qo_indptr_device[-1]) for layout in layouts]
     assert len(set(rows)) > 3  # budgets varied
-    m = observer.observer().metrics.registry
+    after = _snapshot(obs.metrics.registry)
 
-    def value(name, **labels):
-        return m.get_sample_value(name, labels or None) or 0.0
+    def value(name, **labels):  # this test's steps only
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
 
     assert value("sglang_dspark_verify_steps_total") == len(layouts)
     assert value("sglang_dspark_verify_tokens_sum") == sum(rows)

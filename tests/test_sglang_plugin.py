@@ -44,7 +44,7 @@ def test_load_plugins_discovers_the_entry_point_and_every_target_is_our_hook():
     """)
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert len(result) == 6 and all(result.values()), result
+    assert len(result) == 7 and all(result.values()), result
 
 
 def test_a_missing_target_registers_nothing_and_leaves_sglang_untouched():
@@ -368,3 +368,38 @@ def test_a_rank_that_neither_exports_nor_learns_stages_nothing(plugin_env, monke
         observer.around_observe_step(lambda obs, **kw: None, fake, **_observe_kwargs(3, 7))
     obs = observer.observer()
     assert obs.exporting is False and obs.pending == [] and obs.last_info is None  # no copy was staged
+
+
+def test_a_retracted_request_gets_one_outcome_at_its_real_finish(plugin_env, tmp_path, monkeypatch):
+    import sglang.srt.runtime_context as rc
+
+    from sglang_dspark.sglang_plugin import observer
+
+    from test_sglang_observer_records import _snapshot, single_process_metrics, started_observer
+
+    single_process_metrics()
+    _, path = _profile_with_tier(tmp_path)
+    plugin_env(SGLANG_DSPARK_PROFILE=str(path), SGLANG_DSPARK_SLA_TIER="interactive")
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    monkeypatch.setattr(rc, "get_parallel", lambda: SimpleNamespace(attn_tp_rank=0, attn_tp_size=1))
+    monkeypatch.setattr(observer, "_OBSERVER", None)
+    clock = _Clock()
+    monkeypatch.setattr(observer.time, "perf_counter", clock)
+    fake = SimpleNamespace(_planner=SimpleNamespace(_budget_planner=SimpleNamespace(last_decision=None)))
+
+    def step(bs):  # requests r0 .. r{bs-1}
+        clock.now += 0.01
+        observer.around_observe_step(lambda obs, **kw: None, fake, **_observe_kwargs(bs, 7))
+
+    registry = started_observer().metrics.registry
+
+    def outcomes():
+        return sum(v for (name, _), v in _snapshot(registry).items() if name == "sglang_dspark_sla_requests_total")
+
+    before = outcomes()
+    for bs in (3, 3, 2, 2, 3, 3):  # r2 is retracted for two steps, then re-admitted
+        step(bs)
+    observer.after_request_finished(None, fake, rid="r2", natural_stop=True)
+    step(2)
+    step(2)  # numbers are a step late: this one accounts the step after the finish
+    assert outcomes() - before == 1.0  # r2 once, at its finish; r0 and r1 have not finished

@@ -52,6 +52,7 @@ def hooks() -> tuple[tuple[str, object, str], ...]:
         (targets.PLANNER, planner.around_budget, "AROUND"),
         (targets.OBSERVE_STEP, observer.around_observe_step, "AROUND"),
         (targets.PREFILL_STEP, observer.after_prefill_step, "AFTER"),
+        (targets.REQUEST_FINISHED, observer.after_request_finished, "AFTER"),
         (targets.OBSERVERS_INIT, observer.after_observers_init, "AFTER"),
         (targets.SCHEDULER_SHUTDOWN, sts.flush_all, "AFTER"),
         (targets.STS_RECORDER, recorder, "REPLACE"),

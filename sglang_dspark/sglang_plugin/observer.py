@@ -35,6 +35,7 @@ from sglang_dspark.sglang_plugin.settings import settings
 logger = logging.getLogger(__name__)
 
 REQUEST_SPEED_MIN_TOKENS = 2
+STALE_SECONDS = 600.0  # a request absent this long without a finish is forgotten
 MAX_STEP_SECONDS = 1.0  # SGLang's INFO_DUMP_MAX_STEP_CPU_SECONDS: a longer gap is idle time, not a step
 
 
@@ -79,6 +80,7 @@ class StepObserver:
         self.last_info: dict | None = None  # the previous decode step's, waiting for its time (overlap)
         self.pending: list[tuple[_Staged, dict]] = []  # staged steps whose copies have not landed
         self.requests: dict[str, list[float]] = {}  # rid -> [first seen, tokens, last seen]
+        self.finished: set[str] = set()  # rids SGLang reported finished, outcome due once no step holds them
         self._refit: Future | None = None
         self._fitter: ThreadPoolExecutor | None = None
 
@@ -176,20 +178,29 @@ class StepObserver:
             m.observe_positions(verified.sum(0).tolist(), (accepted & verified).sum(0).tolist())
         self._track_requests(info, commit)
 
+    def note_finished(self, rid: str) -> None:
+        self.finished.add(rid)
+
     def _track_requests(self, info: dict, commit) -> None:
-        """Per-user speed, (tokens - 1) / (last - first) over the decode steps a request was in; a
-        request that is no longer in the batch has finished."""
+        """Per-user speed, (tokens - 1) / (last - first) over the decode steps a request was in,
+        once SGLang reports it finished (note_request_finished) and no later step holds it: a request
+        missing from a step may be retracted and come back, so absence alone finishes nothing. One
+        absent STALE_SECONDS without a finish (an abort that never reported) is forgotten, no outcome."""
         tier = settings().tier
         now, seen = info["time"], set(info["rids"])
         for rid, n in zip(info["rids"], (commit.tolist() if commit is not None else [1] * len(info["rids"]))):
             state = self.requests.setdefault(rid, [now, 0, now])
             state[1] += int(n)
             state[2] = now
-        for rid in [r for r in self.requests if r not in seen]:
+        for rid in [r for r in self.requests if r not in seen and (r in self.finished or
+                                                                   now - self.requests[r][2] > STALE_SECONDS)]:
             first, tokens, last = self.requests.pop(rid)
-            if tier is not None and tokens >= REQUEST_SPEED_MIN_TOKENS and last > first:
+            if rid in self.finished and tier is not None and tokens >= REQUEST_SPEED_MIN_TOKENS and last > first:
                 met = (tokens - 1) / (last - first) >= tier.tok_s_per_user
                 self.metrics.sla_requests.labels(outcome="met" if met else "missed").inc()
+            self.finished.discard(rid)
+        if len(self.finished) > 4 * len(self.requests) + 1024:  # finishes of requests never seen here
+            self.finished &= set(self.requests)
 
     def _refresh_learned(self) -> None:
         """Adopt a finished background refit; start the next one when due (never waits here)."""
@@ -262,6 +273,11 @@ def learned_table() -> LearnedTable | None:
 
 def after_prefill_step(result, observers) -> None:
     observer().note_prefill()
+
+
+def after_request_finished(result, observers, *, rid: str, natural_stop: bool) -> None:
+    """AFTER DsparkStepObservers.note_request_finished: the request is done (not retracted)."""
+    observer().note_finished(rid)
 
 
 def after_observers_init(result, observers, *args, **kwargs) -> None:

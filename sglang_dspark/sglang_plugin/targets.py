@@ -15,6 +15,7 @@ PLANNER = f"{P}.compute_verify_token_budget"  # AROUND: SLA decision or learned 
 BUDGET_DECISION = f"{P}.VerifyBudgetDecision"  # the struct the planner returns (read, not hooked)
 OBSERVE_STEP = f"{O}.DsparkStepObservers.observe_verify_step"  # AROUND: metrics, learner feed
 PREFILL_STEP = f"{O}.DsparkStepObservers.note_prefill_step"  # AFTER: no decode-step interval across it
+REQUEST_FINISHED = f"{O}.DsparkStepObservers.note_request_finished"  # AFTER: per-user speed at a real finish
 OBSERVERS_INIT = f"{O}.DsparkStepObservers.__init__"  # AFTER: settings read at start; STS refused in compact
 STS_RECORDER = f"{S}.StsDataRecorder"  # REPLACE (class): per-rank files, final flush
 SCHEDULER_SHUTDOWN = "sglang.srt.managers.scheduler.Scheduler.release_host_resources"  # AFTER: flush STS
@@ -22,5 +23,5 @@ PARALLEL = "sglang.srt.runtime_context.get_parallel"  # read inside hooks only (
 SCHEDULE = "sglang.srt.runtime_context.get_schedule"  # disable_overlap_schedule: which step an interval times
 ADDITIVE_TABLE = "sglang.srt.speculative.dspark_components.dspark_sps.SpsAdditiveCostTable"  # the learned table
 
-HOOKED = (PLANNER, OBSERVE_STEP, PREFILL_STEP, OBSERVERS_INIT, STS_RECORDER, SCHEDULER_SHUTDOWN)
+HOOKED = (PLANNER, OBSERVE_STEP, PREFILL_STEP, REQUEST_FINISHED, OBSERVERS_INIT, STS_RECORDER, SCHEDULER_SHUTDOWN)
 READ = (BUDGET_DECISION, PARALLEL, SCHEDULE, ADDITIVE_TABLE)

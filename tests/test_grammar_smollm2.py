@@ -57,3 +57,43 @@ def test_structured_output_under_forced_drafting(smollm2_dir):
         records = httpx.get(f"{base}/server_info").json()["internal_states"][0]["dspark_info_record"]["records"]
         assert sum(r["num_verify_tokens"] - r["bs"] for r in records) > 0  # drafts were verified
         assert sum(r["accepted_drafts"] for r in records) > 0
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                            "parameters": {"type": "object", "properties": {
+                                                "city": {"type": "string", "maxLength": 32},
+                                                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                                                "required": ["city", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"timezone": {"type": "string", "maxLength": 32}}, "required": ["timezone"],
+    "additionalProperties": False}}}
+
+
+@pytest.mark.slow
+def test_forced_tool_calls_validate_and_stream_the_same(smollm2_dir):
+    import openai
+
+    engine = build_engine(smollm2_dir, DRAFT, config=EngineConfig(mode="full", max_running=4, seed=0),
+                          model_name="smollm2")
+    with serve_engine_on_loopback(engine) as (_, base):
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="x")
+        messages = [{"role": "user", "content": "What is the weather like in Lisbon right now?"}]
+        named = {"type": "function", "function": {"name": "get_weather"}}
+        kwargs = dict(model="smollm2", messages=messages, tools=[WEATHER, TIME], max_tokens=64, temperature=0)
+        out = client.chat.completions.create(tool_choice=named, **kwargs).choices[0]
+        assert out.finish_reason == "tool_calls" and out.message.content is None, out
+        call = out.message.tool_calls[0]
+        args = json.loads(call.function.arguments)
+        assert call.function.name == "get_weather" and set(args) == {"city", "unit"}
+        assert isinstance(args["city"], str) and args["unit"] in ("celsius", "fahrenheit")
+        streamed = [c for chunk in client.chat.completions.create(tool_choice=named, stream=True, **kwargs)
+                    for c in chunk.choices]
+        deltas = [d for c in streamed for d in (c.delta.tool_calls or [])]
+        assert [d.function.arguments for d in deltas] == [call.function.arguments]
+        assert streamed[-1].finish_reason == "tool_calls"
+        required = client.chat.completions.create(tool_choice="required", **kwargs).choices[0]
+        assert required.finish_reason == "tool_calls"
+        assert required.message.tool_calls[0].function.name in ("get_weather", "get_time")
+        json.loads(required.message.tool_calls[0].function.arguments)
+        refused = httpx.post(f"{base}/v1/chat/completions", json={"messages": messages, "tools": [WEATHER]})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "tool_choice"

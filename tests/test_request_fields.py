@@ -67,6 +67,7 @@ def _first_word(base):
     return int(text(base).split()[0][1:])
 
 
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 HONOURED = {
     "messages": ({"messages": [{"role": "user", "content": "w30 w1"}]},
                  lambda r, b: r.json()["usage"]["prompt_tokens"] != b["usage"]["prompt_tokens"]),
@@ -88,6 +89,11 @@ HONOURED = {
     "top_logprobs": ({"logprobs": True, "top_logprobs": 2},
                      lambda r, b: all(len(t["top_logprobs"]) == 2 for t in r.json()["choices"][0]["logprobs"]["content"])),
     "logit_bias": (None, lambda r, b: text(r.json()).split()[0] != text(b).split()[0]),
+    # a forced call is OpenAI's tool_calls (no JSON can be spelled from the toy words: its arguments are empty)
+    "tools": ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "f"}}},
+              lambda r, b: [c["function"]["name"] for c in r.json()["choices"][0]["message"]["tool_calls"]] == ["f"]),
+    "tool_choice": ({"tools": [TOOL], "tool_choice": "none"},
+                    lambda r, b: text(r.json()) == text(b) and "tool_calls" not in r.json()["choices"][0]["message"]),
     # no JSON can be spelled from the toy words: the grammar leaves only the stop token
     "response_format": ({"response_format": {"type": "json_object"}}, lambda r, b: text(r.json()) == "" != text(b)),
     "stream": ({"stream": True}, lambda r, b: r.headers["content-type"].startswith("text/event-stream")),
@@ -97,11 +103,9 @@ HONOURED = {
 INERT_VALUES = {"user": "u-1", "metadata": {"k": "v"}, "store": True, "service_tier": "flex",
                 "safety_identifier": "s-1", "prompt_cache_key": "c-1", "prompt_cache_retention": "24h",
                 "prediction": {"type": "content", "content": "w1 w2"}, "parallel_tool_calls": False}
-TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 # refused fields: (a value that would change the answer, the documented no-op value)
 REFUSED = {"frequency_penalty": (0.5, 0), "presence_penalty": (-1.0, 0.0),
-           "tools": ([TOOL], []),
-           "tool_choice": ("required", "none"), "functions": ([TOOL["function"]], []),
+           "functions": ([TOOL["function"]], []),
            "function_call": ({"name": "f"}, "none"), "modalities": (["text", "audio"], ["text"]),
            "audio": ({"voice": "alloy", "format": "wav"}, None), "reasoning_effort": ("high", None),
            "verbosity": ("low", None), "web_search_options": ({}, None), "suffix": (" w3", "")}

@@ -287,7 +287,10 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema"}}, 400, "response_format"),
     ("/v1/chat/completions", {**CHAT, "response_format": {"type": "xml"}}, 400, "response_format.type"),
     ("/generate", {"text": "a", "sampling_params": {"regex": "a", "ebnf": "b"}}, 400, "sampling_params"),
-    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+    # tools: a forced call only (tool_choice auto, the default with tools, is refused)
+    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tool_choice"),
+    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}],
+                              "tool_choice": {"type": "function", "function": {"name": "g"}}}, 400, "tool_choice"),
     ("/v1/chat/completions", {**CHAT, "tool_choice": "required"}, 400, "tool_choice"),
     ("/v1/chat/completions", {**CHAT, "no_such_field": 1}, 400, "no_such_field"),
     ("/v1/chat/completions", {**CHAT, "logit_bias": {"999": 1}}, 400, "logit_bias"),

@@ -48,8 +48,8 @@ class GrammarCompiler:
         try:
             if spec.kind == "json_object":  # OpenAI's json_object is an object, not any JSON value
                 return self._compiler.compile_json_schema('{"type": "object"}')
-            if spec.kind == "json_schema":
-                return self._compiler.compile_json_schema(spec.source)
+            if spec.kind == "json_schema":  # compact: SmolLM2 given free whitespace pads a call until max_tokens
+                return self._compiler.compile_json_schema(spec.source, any_whitespace=False)
             if spec.kind == "regex":
                 return self._compiler.compile_regex(spec.source)
             return self._compiler.compile_grammar(spec.source)

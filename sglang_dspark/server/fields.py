@@ -14,7 +14,7 @@ INERT = frozenset({
     "user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
     "prompt_cache_retention",
     "prediction",  # predicted outputs only speed decoding up; the answer is the model's either way
-    "parallel_tool_calls",  # only means something with tools, which are refused
+    "parallel_tool_calls",  # one call per choice either way: a forced call is one call
     # SGLang's: they split a reasoning model's output only under --reasoning-parser, which this
     # server does not have (SGLang without one ignores them too)
     "separate_reasoning", "stream_reasoning",
@@ -32,9 +32,7 @@ NEUTRAL = {
     "repetition_penalty": _none_or(1, 1.0),  # SGLang extension
     "min_p": _none_or(0, 0.0),  # SGLang extension
     "min_tokens": _none_or(0),  # SGLang extension
-    "tools": lambda v: not v,
     "functions": lambda v: not v,
-    "tool_choice": _none_or("none"),
     "function_call": _none_or("none"),
     "modalities": lambda v: v is None or v == ["text"],
     "audio": _none_or(),

@@ -15,6 +15,7 @@ from sglang_dspark.server.params import (chat_prompt_ids, check_model, choices_p
                                          echo_only, openai_params)
 from sglang_dspark.server.protocol import ChatCompletionRequest, CompletionRequest
 from sglang_dspark.server.streams import EventStreamResponse, RequestStream, collect_all, merged, sse
+from sglang_dspark.server.tools import forced_call, tool_calls
 
 router = APIRouter()
 
@@ -44,28 +45,42 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     engine, model = engine_of(request), served_name(request)
     check_model(model, body.model)
     n = choices_per_prompt(body)
+    call = forced_call(body)
     ids = await chat_prompt_ids(engine.tokenizer, body)
-    grammar = await compile_grammar(request, response_format_spec(body.response_format), "response_format")
+    if call is not None:
+        grammar = await compile_grammar(request, call.spec, "tools")
+    else:
+        grammar = await compile_grammar(request, response_format_spec(body.response_format), "response_format")
     params = openai_params(body, engine.max_len - len(ids), len(engine.tokenizer), grammar)
     rid = new_id("chatcmpl")
     streams = submit_choices(engine, [ids], [params], n, rid, "messages")
     base = {"id": rid, "created": now(), "model": model}
     if body.stream:
-        return EventStreamResponse(_chat_chunks(streams, base, _include_usage(body), engine.tokenizer),
+        return EventStreamResponse(_chat_chunks(streams, base, _include_usage(body), engine.tokenizer, call),
                                    _closer(streams))
     results = await collect_all(request, streams)
     if results is None:
         return CLIENT_CLOSED
     choices = []
     for i, outputs in enumerate(results):
-        message = {"role": "assistant", "content": "".join(o.text for o in outputs)}
+        text, reason = "".join(o.text for o in outputs), outputs[-1].finish_reason
+        message = {"role": "assistant", "content": text}
+        if call is not None:
+            message, reason = _call_message(call, text, reason)
         logprobs = chat_logprobs(engine.tokenizer, _logprob_items(outputs)) if params.logprobs else None
-        choices.append({"index": i, "message": message, "logprobs": logprobs,
-                        "finish_reason": outputs[-1].finish_reason})
+        choices.append({"index": i, "message": message, "logprobs": logprobs, "finish_reason": reason})
     return {**base, "object": "chat.completion", "choices": choices, "usage": usage_of([r[-1] for r in results], n)}
 
 
-async def _chat_chunks(streams: list[RequestStream], base: dict, include_usage: bool, tokenizer
+def _call_message(call, text: str, reason: str | None) -> tuple[dict, str | None]:
+    """The assistant message of a forced tool call, and its finish_reason ("tool_calls" once the
+    call's JSON is complete)."""
+    calls = tool_calls(call, text)
+    done = reason == "stop" and bool(calls)
+    return {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls" if done else reason
+
+
+async def _chat_chunks(streams: list[RequestStream], base: dict, include_usage: bool, tokenizer, call=None
                        ) -> AsyncIterator[str]:
     base = {**base, "object": "chat.completion.chunk"}
     extra = {"usage": None} if include_usage else {}
@@ -77,13 +92,21 @@ async def _chat_chunks(streams: list[RequestStream], base: dict, include_usage: 
     for i in range(len(streams)):
         yield chunk(i, {"role": "assistant", "content": ""})
     finals = [None] * len(streams)
+    texts = [""] * len(streams)  # a forced call is sent whole once its JSON is complete
     async for i, out in merged(streams):
-        if out.text or out.logprobs:
+        if call is not None:
+            texts[i] += out.text
+        elif out.text or out.logprobs:
             yield chunk(i, {"content": out.text},
                         logprobs=chat_logprobs(tokenizer, out.logprobs) if out.logprobs else None)
         if out.finished:
             finals[i] = out
-            yield chunk(i, {}, out.finish_reason)
+            reason = out.finish_reason
+            if call is not None:
+                message, reason = _call_message(call, texts[i], reason)
+                calls = [{"index": k, **c} for k, c in enumerate(message["tool_calls"])]
+                yield chunk(i, {"tool_calls": calls})
+            yield chunk(i, {}, reason)
     if include_usage:
         yield sse({**base, "choices": [], "usage": usage_of(finals, len(streams))})
     yield sse("[DONE]")

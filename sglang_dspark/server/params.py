@@ -143,8 +143,9 @@ def _chat_ids(tokenizer, body: ChatCompletionRequest) -> list[int]:
                                param=f"messages.{i}.content")
             content = "".join(p.text for p in content)
         messages.append({**m.model_dump(exclude_none=True), "content": content or ""})
+    tools = {"tools": [t.model_dump(exclude_none=True) for t in body.tools]} if body.tools else {}
     try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **tools)
     except Exception as exc:  # the template rejects e.g. roles out of order: the client's fault
         raise APIError(400, f"messages: chat template failed: {exc}", param="messages") from None
     return tokenizer.encode(text, add_special_tokens=False)  # the template already placed BOS

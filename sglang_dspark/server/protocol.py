@@ -49,6 +49,27 @@ class ResponseFormat(BaseModel):
     json_schema: JsonSchemaFormat | None = None
 
 
+class FunctionDef(BaseModel):
+    name: StrictStr
+    description: StrictStr | None = None
+    parameters: dict | None = None  # a JSON schema of the arguments
+    strict: StrictBool | None = None
+
+
+class Tool(BaseModel):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class FunctionName(BaseModel):
+    name: StrictStr
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: FunctionName
+
+
 class TextPart(BaseModel):
     type: StrictStr
     text: StrictStr | None = None
@@ -66,6 +87,8 @@ class ChatCompletionRequest(_Sampling):
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = None  # 0-20, needs logprobs
     response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
 
 
 class CompletionRequest(_Sampling):

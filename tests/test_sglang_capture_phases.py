@@ -82,6 +82,8 @@ def test_two_phases_span_off_diagonal_points_and_price_budget_0_below_a_full_ver
     first = SlaProfile.load(phase1)
     assert first.sps.additive is None  # the diagonal gives a 1-D table only
     assert all(m.batch_tokens == m.num_requests * (GAMMA + 1) for m in first.sps.measurements)
+    assert profile_main(["refit", str(phase1), "--out", str(tmp_path / "refit1.yaml")]) == 0
+    assert SlaProfile.load(tmp_path / "refit1.yaml").sps.additive is None  # a refit keeps it 1-D
 
     sim, compact = sglang_server("compact", first)  # phase 2: compact mode, the phase-1 table loaded
     phase2 = tmp_path / "phase2.yaml"

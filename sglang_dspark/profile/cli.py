@@ -166,8 +166,13 @@ def _run_refit(args) -> int:
     profile = SlaProfile.load(args.file)
     if not profile.sps.measurements:
         raise ProfileError(f"{args.file}: sps.measurements: empty, nothing to refit")
+    from sglang_dspark.profile.http_capture import diagonal_only
+
+    # measurements on the diagonal only (SGLang's static verify, capture phase 1) cannot separate
+    # the additive table's terms: such a profile stays 1-D
     section = fit_section(profile.sps.measurements, profile.sps.cost.max_batch_tokens,
-                          skips_drafter_at_budget_0=profile.fingerprint.engine == "reference")
+                          skips_drafter_at_budget_0=profile.fingerprint.engine == "reference",
+                          additive=not diagonal_only(profile.sps.measurements, profile.fingerprint.gamma))
     out = args.out or args.file
     _save(profile.replaced(sps=section), out, "--out" if args.out else None)
     plot_profile(section.measurements, section.table(), out.with_suffix(".png"), f"SPS(B): {profile.name}")

@@ -153,8 +153,9 @@ def copy_tree(dest: Path) -> None:
 
 
 def run_tests(copy: Path, tests, slow: bool, timeout_s: float, stop_early: bool = True
-              ) -> tuple[int, float, str, list[str]]:
-    """(pytest's exit code, seconds, its summary line, the node ids that failed or errored)."""
+              ) -> tuple[int, float, str, list[str], str]:
+    """(pytest's exit code, seconds, its summary line, the node ids that failed or errored, the
+    first assertion line of the failure)."""
     env = {**os.environ, "PYTHONPATH": str(copy), "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *(["-x"] if stop_early else []),
            *(["-m", "slow"] if slow else []), *tests]
@@ -163,10 +164,11 @@ def run_tests(copy: Path, tests, slow: bool, timeout_s: float, stop_early: bool 
         done = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout_s)
         lines = (done.stdout + done.stderr).strip().splitlines()
         rc, tail = done.returncode, lines[-1:]
+        reason = next((line.strip() for line in lines if line.startswith("E ")), "")
         failed = [line.split()[1] for line in lines if line.startswith(("FAILED ", "ERROR ")) and len(line.split()) > 1]
     except subprocess.TimeoutExpired:
-        rc, tail, failed = -1, ["timed out"], list(tests)
-    return rc, round(time.monotonic() - start, 1), " ".join(tail), failed
+        rc, tail, failed, reason = -1, ["timed out"], list(tests), ""
+    return rc, round(time.monotonic() - start, 1), " ".join(tail), failed, reason
 
 
 def apply(copy: Path, mutant: Mutant) -> str | None:
@@ -220,9 +222,9 @@ def main(argv=None) -> int:
                                 if (copy / t.split("::")[0]).exists()})
                 if not tests:
                     continue
-                rc, seconds, tail, failed = run_tests(copy, tests, slow, args.timeout, stop_early=False)
+                rc, seconds, tail, failed, reason = run_tests(copy, tests, slow, args.timeout, stop_early=False)
                 baseline["slow" if slow else "fast"] = {"tests": tests, "passed": rc == 0, "seconds": seconds,
-                                                        "summary": tail, "failed": failed}
+                                                        "summary": tail, "failed": failed, "reason": reason}
                 print(f"baseline (unmutated, {'slow' if slow else 'fast'} tests): {'pass' if rc == 0 else 'FAIL'} "
                       f"in {seconds:g} s: {tail}", flush=True)
         for m in mutants:
@@ -236,7 +238,7 @@ def main(argv=None) -> int:
                              "seconds": 0.0, "summary": "the edited text is no longer in the file"})
             else:
                 try:
-                    rc, seconds, tail, _ = run_tests(copy, m.tests, m.slow, args.timeout)
+                    rc, seconds, tail, _, reason = run_tests(copy, m.tests, m.slow, args.timeout)
                 finally:
                     (copy / m.path).write_text(original)
                 caught = verdict(rc, tail)
@@ -244,7 +246,7 @@ def main(argv=None) -> int:
                 if caught == "yes" and any(f.startswith(t) for f in group.get("failed", []) for t in m.tests):
                     caught = "unknown"  # its tests fail unmutated too
                 rows.append({"mutant": m.name, "file": m.path, "tests": list(m.tests), "caught": caught,
-                             "seconds": seconds, "summary": tail})
+                             "seconds": seconds, "summary": tail, "reason": reason})
             r = rows[-1]
             print(f"{r['mutant']:<45} {r['caught']:<6} {r['seconds']:>7.1f} s  {', '.join(m.tests)}", flush=True)
     print(f"\n{'mutant':<45} {'caught':<6} tests")

@@ -4,6 +4,7 @@
 import os
 
 import pytest
+import torch
 
 from sglang_dspark.engine.kv_cache import KVCache
 
@@ -15,26 +16,17 @@ def _resident_bytes() -> int:
         return int(f.read().split()[1]) * PAGE
 
 
-# Found by this test: numpy madvises large allocations for transparent huge pages, and one
-# (layer, K|V, slot, head) run of SmolLM2's cache is exactly 2 MiB, so the first position a request
-# writes commits its slot's whole context (360 MiB per slot instead of 45 KiB per position) on
-# hosts with THP in "madvise" or "always" mode. The fix belongs in kv_cache.zeros_on_demand (zero
-# pages from an anonymous mmap, which is not madvised); remove this mark with it.
-def _huge_pages_possible() -> bool:
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-            return "[never]" not in f.read()
-    except OSError:
-        return False
-
-
-@pytest.mark.xfail(_huge_pages_possible(), strict=True,
-                   reason="numpy's huge-page madvise commits 2 MiB per touched run (see above)")
-def test_a_full_context_cache_commits_only_the_positions_written():
+# Found by this test: numpy's zeros were madvised for transparent huge pages, and one (layer, K|V,
+# slot, head) run of SmolLM2's cache is exactly 2 MiB, so the first position a request wrote
+# committed its slot's whole context (360 MiB per slot instead of 45 KiB per position) on hosts with
+# THP in "madvise" or "always" mode; kv_cache.zeros_on_demand now maps its own zero pages and
+# refuses huge pages for them. Checked in both dtypes the engine's caches use.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_full_context_cache_commits_only_the_positions_written(dtype):
     before = _resident_bytes()
     # SmolLM2-135M: 30 layers, 3 KV heads of 64 -> 45 KiB per position in float32
-    cache = KVCache(num_layers=30, num_kv_heads=3, head_dim=64, num_slots=16, max_len=8192)
-    assert cache.nbytes() == 16 * 8192 * 45 * 1024
+    cache = KVCache(num_layers=30, num_kv_heads=3, head_dim=64, num_slots=16, max_len=8192, dtype=dtype)
+    assert cache.nbytes() == 16 * 8192 * 45 * 1024 * dtype.itemsize // 4
     cache.kv[:, :, 0, :, :10] = 1.0  # one request reached position 10: 450 KiB, 180 runs of 4 KiB pages
     assert float(cache.kv[0, 0, 0, 0, 9, 0]) == 1.0 and float(cache.kv[0, 0, 1, 0, 0, 0]) == 0.0
     grown = _resident_bytes() - before

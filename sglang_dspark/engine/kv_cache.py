@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import numpy as np
+import math
+import mmap
+
 import torch
 
 
@@ -34,13 +36,19 @@ class KVCache:
 def zeros_on_demand(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
     """Zeros whose memory is committed only where written, on a CPU.
 
-    Zeros, not empty: masked positions still enter P @ V with weight 0, and 0 * NaN = NaN. numpy's
-    zeros come from calloc, which for large sizes maps fresh pages the kernel zeroes on first
-    touch, so a cache sized for the model's whole context (8,192 tokens) costs memory only for the
-    positions requests actually reach; torch.zeros would write (and commit) every byte at start.
+    Zeros, not empty: masked positions still enter P @ V with weight 0, and 0 * NaN = NaN. The
+    memory is an anonymous private mapping: the kernel maps fresh zero pages on first touch, so a
+    cache sized for the model's whole context (8,192 tokens) costs memory only for the positions
+    requests actually reach; torch.zeros would write (and commit) every byte at start. Huge pages
+    are refused for the mapping: numpy's zeros (calloc) are madvised for them, and one (layer, K|V,
+    slot, head) run of SmolLM2's cache is exactly 2 MiB, so the first position a request wrote
+    committed its slot's whole context (360 MiB instead of 45 KiB per position; tests/test_kv_memory.py).
     """
     if torch.device(device).type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
-    # numpy has no bfloat16: an unsigned integer of the same width is the same zero bytes
-    same_width = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[torch.empty(0, dtype=dtype).element_size()]
-    return torch.from_numpy(np.zeros(shape, dtype=same_width)).view(dtype)
+    nbytes = max(1, math.prod(shape) * torch.empty(0, dtype=dtype).element_size())
+    region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # Linux
+        region.madvise(mmap.MADV_NOHUGEPAGE)
+    # frombuffer keeps `region` alive as long as the tensor; uint8 then a view: any dtype, bfloat16 too
+    return torch.frombuffer(region, dtype=torch.uint8).view(dtype).view(shape)

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from test_profiles import make_model_dirs
 
-pytestmark = pytest.mark.sglang
+# subprocess launches in throwaway venvs (about 10 s each): run with the slow suite, as CI does
+pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
 SITE = Path(next(p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()))
 

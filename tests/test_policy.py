@@ -135,3 +135,30 @@ def test_a_seeded_prior_times_plain_steps_first_so_one_probe_prices_drafting_on_
     assert not any(p.draft for p in plans[:8]) and plans[8].probe
     assert planned == 0
     assert planned_drafts(0)[1] > 0
+
+
+def test_batch_sizes_that_vary_within_a_bucket_do_not_restart_the_probe_ladder():
+    """Under load R wanders (16, 15, 13, ...): a batch size never drafted before is no reason to
+    measure budget 1 again when a neighbour in its bucket already showed that no budget can pay.
+    Drafts that never survive, on a host where a drafted step costs 1.5x a plain one: after the
+    first measurement the probes back off as they do at one fixed R (one in `probe_max` steps),
+    and each later probe only refreshes the confidences, instead of measuring budget 1 again at
+    every new R."""
+    policy = SpeculationPolicy("scheduled", GAMMA, None, learn=True, probe_every=8, probe_max=64)
+    gen = torch.Generator().manual_seed(1)
+    plans, now = [], 0.0
+    for _ in range(600):
+        num = int(torch.randint(8, 16, (), generator=gen))  # one bucket: 8-15
+        ids = [f"r{i}" for i in range(num)]
+        plan = policy.plan(ids)
+        lens = policy.allocate(torch.full((num, GAMMA), 0.01), plan) if plan.draft else torch.zeros(num, dtype=torch.int64)
+        if plan.draft:
+            policy.observe(ids, torch.full((num, GAMMA), 0.01))
+        seconds = 0.040 * (1.5 if plan.draft else 1.0) + 0.001 * int(lens.sum())
+        policy.on_step(plan, num, num + int(lens.sum()), num, plan.draft, now, now + seconds)
+        now += seconds + 0.001
+        plans.append(plan)
+    probes = [p for p in plans if p.probe]
+    assert len(probes) >= 8 and probes[0].capacity == 1
+    assert all(p.capacity == 0 for p in probes[1:])  # budget 1 measured once, not once per R
+    assert sum(p.draft for p in plans[300:]) <= 300 // 64 + 1

@@ -20,7 +20,7 @@ starts target-only; a `prior` table (a profile, possibly from other hardware) fi
 have not covered yet, with the weight of `prior_weight` steps in all: its undrafted prices scaled by
 the median measured / prior ratio of undrafted steps, its drafted prices by that of drafted steps
 (hosts differ in both: an Intel and an AMD CPU with the same BLAS priced a 2-token verify at 1.45x
-and 2x a 1-token step); the first steps, and the first few drafted ones, each trigger a refit.
+and 2x a 1-token step); steps 1, 2, 4, ... 16, and the first few drafted ones, each trigger a refit.
 """
 
 from __future__ import annotations
@@ -91,12 +91,14 @@ class OnlineSpsEstimator:
     # ---- reading -----------------------------------------------------------------------------
     @property
     def refit_due(self) -> bool:
-        # The first `refit_every` steps and the first few drafted ones each refit at once (small,
-        # cheap fits): they tell the planner within a step what this host's plain and drafted steps
-        # cost, before it bets on a prior measured elsewhere.
+        # Steps 1, 2, 4, ... up to `refit_every` and the first few drafted ones each refit at once:
+        # they tell the planner within a step or two what this host's plain and drafted steps cost,
+        # before it bets on a prior measured elsewhere. (A fit takes a few ms on the engine's
+        # thread: refitting each of the first 16 steps cost a short run about 1 %.)
         drafted = sum(self._drafted_by_r.values())
+        early = self.steps <= self.refit_every and self.steps & (self.steps - 1) == 0
         return (self._table is None or self.steps - self.fitted_at >= self.refit_every
-                or self.steps <= self.refit_every or self._drafted_at_fit < drafted <= EAGER_DRAFTED_REFITS)
+                or early or self._drafted_at_fit < drafted <= EAGER_DRAFTED_REFITS)
 
     def table(self) -> SpsTable | None:
         """The current table (refit after every `refit_every` new steps); None before any step."""

@@ -129,7 +129,10 @@ class SpeculationPolicy:
 
     def _probe_or_skip(self, request_ids: Sequence[str]) -> DraftPlan:
         num = len(request_ids)
-        exploring = self.learner is not None and self.learner.drafted_in_bucket(bucket(num)) < self.explore_until
+        # a bucket is explored quickly only while a probe there could still measure a budget that
+        # pays; once its prices say none can, probes only refresh confidences, at the doubling interval
+        exploring = (self.learner is not None and self.learner.drafted_in_bucket(bucket(num)) < self.explore_until
+                     and self._probe_budget(request_ids) > 0)
         if exploring:
             self._probe_interval = min(self._probe_interval, self.probe_every)
         if self._undrafted_steps < self._probe_interval:
@@ -162,12 +165,18 @@ class SpeculationPolicy:
         by a margin of `EXPLORE_SLACK`. On a host where one verified draft doubles the step, a weak
         drafter then pays for one measuring probe, not for a ladder of ever larger ones."""
         num = len(request_ids)
-        here = [s for s in self.learner.samples if s.num_requests == num]
-        plain = [s.seconds for s in here if not s.drafted]
-        drafted = [s.seconds for s in here if s.drafted and 0 < s.batch_tokens - num < budget]
-        if not plain or not drafted or self.planner.rows_observed == 0:
+        # Prices from the batch sizes of `num`'s bucket (R wanders under load; a batch size seen
+        # for the first time is no new question), each drafted step against a plain one of its own R.
+        here = [s for s in self.learner.samples if bucket(s.num_requests) == bucket(num)]
+        plain: dict[int, list[float]] = {}
+        for s in here:
+            if not s.drafted:
+                plain.setdefault(s.num_requests, []).append(s.seconds)
+        ratios = [s.seconds / statistics.median(plain[s.num_requests]) for s in here
+                  if s.drafted and s.num_requests in plain and 0 < s.batch_tokens - s.num_requests <= budget]
+        if not ratios or self.planner.rows_observed == 0:
             return False
-        cost_ratio = statistics.median(drafted) / statistics.median(plain)
+        cost_ratio = min(ratios)
         yield_ratio = self.planner.expected_tokens(request_ids, num * self.gamma) / num
         return yield_ratio < EXPLORE_SLACK * cost_ratio
 

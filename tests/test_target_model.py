@@ -156,3 +156,26 @@ def test_rejects_bad_batches():
         model.forward_segments([Segment(0, 10, seq(7, 0))], cache)  # past max_len
     with pytest.raises(ValueError, match="two segments share a slot"):
         model.forward_segments([Segment(0, 0, seq(2, 0)), Segment(0, 2, seq(2, 1))], cache)  # shared slot
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_signed_gather_rotation_is_transformers_rope_bit_for_bit(dtype):
+    """The fused q/k rotation (one gather, the sign folded into the sine table) against transformers'
+    own `apply_rotary_pos_emb`: exactly equal, not close, in both activation dtypes; greedy equality
+    with transformers' generate rests on it."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from sglang_dspark.engine.target_model import _apply_rope_signed, _rope_rotation
+
+    gen = torch.Generator().manual_seed(0)
+    T, H, KVH, hd = 7, 6, 2, 64
+    q = torch.randn(T, H, hd, generator=gen).to(dtype)
+    k = torch.randn(T, KVH, hd, generator=gen).to(dtype)
+    angles = torch.rand(T, hd // 2, generator=gen) * 100
+    emb = torch.cat((angles, angles), dim=-1)
+    cos, sin = emb.cos()[:, None].to(dtype), emb.sin()[:, None].to(dtype)
+    index, sign = _rope_rotation(hd)
+    ours = _apply_rope_signed(torch.cat((q, k), dim=1), cos, (emb.sin()[:, None] * sign).to(dtype), index)
+    # transformers' layout: [batch, heads, T, hd], tables [batch, T, hd] unsqueezed at dim 1
+    hq, hk = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos[:, 0][None], sin[:, 0][None])
+    assert torch.equal(ours[:, :H], hq[0].transpose(0, 1)) and torch.equal(ours[:, H:], hk[0].transpose(0, 1))

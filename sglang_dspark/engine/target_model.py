@@ -66,10 +66,20 @@ def _rope_tables(config, length: int) -> tuple[torch.Tensor, torch.Tensor]:
     return emb.cos() * scale, emb.sin() * scale
 
 
-def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, head_dim]; cos/sin [T, 1, head_dim]."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+def _rope_rotation(head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(index, sign) with rotate_half(x) == x[..., index] * sign: one gather in place of a chunk, a
+    negation and a concatenation (fewer ops per layer; a step of a small model is dispatch-bound)."""
+    half = head_dim // 2
+    index = torch.cat((torch.arange(half, head_dim), torch.arange(half)))
+    sign = torch.cat((-torch.ones(half), torch.ones(half)))
+    return index, sign
+
+
+def _apply_rope_signed(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """transformers' `x * cos + rotate_half(x) * sin` (x [T, heads, head_dim], tables [T, 1,
+    head_dim]) with the rotation's sign folded into the sine table (signed_sin = sign * sin):
+    (-a) * s and a * (-s) round alike, so the result is transformers' bit for bit in any dtype."""
+    return x * cos + x.index_select(-1, index) * signed_sin
 
 
 class RMSNorm(nn.RMSNorm):
@@ -103,11 +113,16 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, layer_kv: torch.Tensor, b: "_Batch") -> torch.Tensor:
         T, H, KVH, hd = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
-        q, k, v = self.qkv_proj(self.attn_norm(x)).split([H * hd, KVH * hd, KVH * hd], dim=-1)
-        q, k, v = q.view(T, H, hd), k.view(T, KVH, hd), v.view(T, KVH, hd)
+        qkv = self.qkv_proj(self.attn_norm(x))
+        v = qkv[:, (H + KVH) * hd :].view(T, KVH, hd)
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = _apply_rope(q, b.cos, b.sin), _apply_rope(k, b.cos, b.sin)
+            q, k = qkv[:, : H * hd].view(T, H, hd), qkv[:, H * hd : (H + KVH) * hd].view(T, KVH, hd)
+            qk = torch.cat((self.q_norm(q), self.k_norm(k)), dim=1)
+        else:
+            qk = qkv[:, : (H + KVH) * hd].view(T, H + KVH, hd)
+        # one rotation for q and k together: their heads are adjacent in the fused projection
+        qk = _apply_rope_signed(qk, b.cos, b.signed_sin, b.rotate_index)
+        q, k = qk[:, :H], qk[:, H:]
         # layer_kv [2, slots, KVH, max_len, hd]; split advanced indices put T first: [T, 2, KVH, hd]
         layer_kv[:, b.token_slots, :, b.positions] = torch.stack((k, v), dim=1)
         x = x + self.o_proj(self._attention(q, layer_kv, b))
@@ -142,7 +157,8 @@ class _Batch:
     last_rows: torch.Tensor  # [R] packed row of each segment's last token
     mask: torch.Tensor | None  # bool [R, 1, max_new * G, max_ctx]; None when every key is visible
     cos: torch.Tensor  # [T, 1, head_dim]
-    sin: torch.Tensor
+    signed_sin: torch.Tensor  # [T, 1, head_dim]: sin with rotate_half's sign folded in (_rope_rotation)
+    rotate_index: torch.Tensor  # [head_dim]
 
 
 class TargetModel(nn.Module):
@@ -161,8 +177,11 @@ class TargetModel(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         with torch.device("cpu"):  # stays real when the module is built under torch.device("meta")
             cos, sin = _rope_tables(config, config.max_position_embeddings + ROPE_HEADROOM)
+            index, sign = _rope_rotation(cos.shape[-1])
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.register_buffer("rope_index", index, persistent=False)
+        self.register_buffer("rope_sign", sign, persistent=False)
 
     # ---- construction -------------------------------------------------------------------------
 
@@ -278,7 +297,9 @@ class TargetModel(nn.Module):
             pad_rows=None if min(lens) == N else seg * N + offset,
             last_rows=first_row + lens_t - 1, mask=mask,
             # tables in float32, applied in the activation dtype, as transformers does
-            cos=self.rope_cos[positions][:, None].to(cache.dtype), sin=self.rope_sin[positions][:, None].to(cache.dtype),
+            cos=self.rope_cos[positions][:, None].to(cache.dtype),
+            signed_sin=(self.rope_sin[positions][:, None] * self.rope_sign).to(cache.dtype),
+            rotate_index=self.rope_index,
         )
 
     @torch.inference_mode()

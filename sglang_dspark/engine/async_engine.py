@@ -18,6 +18,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from sglang_dspark.engine.engine import Engine
+from sglang_dspark.engine.heap import release_freed_memory
 from sglang_dspark.engine.request import RequestOutput
 from sglang_dspark.engine.sampling import SamplingParams
 
@@ -151,11 +152,16 @@ class AsyncEngine:
 
     def _loop(self) -> None:
         engine = self.engine
+        trimmed = True  # nothing freed since start-up's own trim
         while not self._stop.is_set():
-            self._drain(wait=IDLE_WAIT_S if engine.idle else 0.0)
+            arrived = self._drain(wait=IDLE_WAIT_S if engine.idle else 0.0)
             if engine.idle:
                 engine.update_gauges()  # an abort can empty the engine: the gauges say so at once
+                if not arrived and not trimmed:  # a whole idle wait: return what the last requests freed
+                    release_freed_memory()
+                    trimmed = True
                 continue
+            trimmed = False
             try:
                 engine.step()
             except Exception:  # a failed step must not strand clients: end its requests loudly
@@ -163,13 +169,15 @@ class AsyncEngine:
                 for req in list(engine.scheduler.running):
                     engine.abort(req.id)
 
-    def _drain(self, wait: float = 0.0) -> None:
-        deadline = time.monotonic() + wait
+    def _drain(self, wait: float = 0.0) -> int:
+        """Run the inbox's items (waiting up to `wait` s for the first); returns how many ran."""
+        deadline, done = time.monotonic() + wait, 0
         while True:
             try:
                 item = self._inbox.get(timeout=max(0.0, deadline - time.monotonic())) if wait else self._inbox.get_nowait()
             except queue.Empty:
-                return
+                return done
+            done += 1
             try:
                 item(self.engine)
             except Exception:  # a bad inbox item must not stop the engine thread

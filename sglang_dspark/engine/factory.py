@@ -10,6 +10,7 @@ import torch
 
 from sglang_dspark.core.sps import SpsTable
 from sglang_dspark.engine.engine import Engine, EngineConfig
+from sglang_dspark.engine.heap import release_freed_memory
 from sglang_dspark.engine.target_model import TargetModel
 from sglang_dspark.engine.weight_format import activation_dtype, apply_to_drafter, choose_auto
 from sglang_dspark.engine.weight_layout import tune_layouts
@@ -18,24 +19,30 @@ logger = logging.getLogger(__name__)
 
 
 def resolve_weight_format(weight_format: str, model_dir) -> tuple[str, str]:
-    """(format, why) for a requested format; `auto` times the target's own Linear weights on this
-    CPU (engine/weight_format.py). Call after setting torch's thread count."""
+    """(format, why) for a requested format; `auto` times Linear weights of the target's own shapes
+    on this CPU (engine/weight_format.py). Only the safetensors headers are read: the timing needs
+    the shapes and bytes, not the values, and the model's weights are read once, by the loader.
+    Call after setting torch's thread count."""
     if weight_format != "auto":
         return weight_format, "as requested"
     import glob
 
-    from safetensors.torch import load_file
+    from safetensors import safe_open
 
-    weights = []
+    shapes = []
     try:
         for file in sorted(glob.glob(os.path.join(str(model_dir), "*.safetensors"))):
-            weights += [t.float() for name, t in load_file(file).items()
-                        if t.dim() == 2 and (name.endswith("_proj.weight") or name.endswith("embed_tokens.weight"))]
+            with safe_open(file, framework="pt") as f:
+                shapes += [f.get_slice(name).get_shape() for name in f.keys()
+                           if name.endswith("_proj.weight") or name.endswith("embed_tokens.weight")]
     except Exception as exc:  # safetensors' own error type; loading the model reports it properly
         return "float32", f"weights not readable to time ({type(exc).__name__})"
-    if not weights:
+    shapes = [s for s in shapes if len(s) == 2]
+    if not shapes:
         return "float32", "no Linear weights found to time"
-    return choose_auto(weights)
+    # distinct buffers, so they stream from memory as a real step's weights do; values are
+    # irrelevant to a GEMM's speed as long as they are normal floats
+    return choose_auto([torch.empty(s).uniform_(-0.05, 0.05) for s in shapes])
 
 
 def load_models(model_dir, draft_dir=None, *, draft_vocab: bool = True, tune: bool = True,
@@ -61,6 +68,7 @@ def load_models(model_dir, draft_dir=None, *, draft_vocab: bool = True, tune: bo
         apply_to_drafter(drafter, weight_format)
     if tune and target.embed_tokens.weight.device.type == "cpu":
         tune_layouts([m for m in (target, drafter) if m is not None])
+    release_freed_memory()  # the float32 checkpoint and the timing copies, freed, not yet returned
     return target, tokenizer, drafter
 
 

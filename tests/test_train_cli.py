@@ -74,3 +74,20 @@ def test_build_data_resumes_and_both_sources_train_a_loadable_drafter(tiny_targe
     # Layers the data does not store are refused with one line.
     assert _train(tiny_target, tmp_path / "other", [tf], "--max-steps", "1", "--target-layers", "0,2") == 2
     shutil.rmtree(out)
+
+
+def test_build_data_computes_features_in_the_served_weight_format(tiny_target, tmp_path):
+    """--dtype bfloat16: the dataset says so, its features are the bf16 model's (not float32's),
+    and resuming it in another format is refused with one line."""
+    from sglang_dspark.train.shards import SequenceStore, read_manifest
+
+    f32, bf16 = tmp_path / "f32", tmp_path / "bf16"
+    args = ("--source", "sharegpt-responses", "--max-records", "4")
+    assert _build(tiny_target, f32, *args) == 0 and _build(tiny_target, bf16, *args, "--dtype", "bfloat16") == 0
+    assert "weight_format" not in read_manifest(f32)["settings"]  # float32 datasets resume as before the flag
+    assert read_manifest(bf16)["settings"]["weight_format"] == "bfloat16"
+    a, b = SequenceStore(f32), SequenceStore(bf16)
+    assert len(a) == len(b) > 0 and all(torch.equal(a[i].tokens, b[i].tokens) for i in range(len(a)))
+    diffs = [float((a[i].features.float() - b[i].features.float()).abs().max()) for i in range(len(a))]
+    assert all(0 < d < 0.5 for d in diffs), diffs  # the same model, rounded as bfloat16 rounds
+    assert _build(tiny_target, bf16, *args) == 2

@@ -129,3 +129,30 @@ def test_manifest_records_cost(tmp_path):
     _write(tmp_path, rows)
     shard = json.loads((tmp_path / "dataset.json").read_text())["shards"][0]
     assert shard["cpu_s"] == 1.0 and shard["sequences"] == 1 and shard["response_tokens"] == 9
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "int8"])
+def test_features_in_a_served_weight_format_are_that_models(fmt):
+    """build_data --dtype: the features are the hidden states of the target in the format it will
+    be served in (bfloat16: transformers' own bf16 hidden states; int8: our int8 model's forward),
+    and the stored statistics are of that model's logits, whose lm_head is real numbers in every
+    format."""
+    from sglang_dspark.engine.target_model import Segment
+
+    hf = tiny_hf_target()
+    target = TargetModel.from_hf_model(hf, fmt)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(4, 48, (14,), generator=g).tolist()
+    (row,) = teacher_forced_rows(target, [(ids, 3)], [0, 2])
+    if fmt == "bfloat16":
+        with torch.no_grad():
+            out = hf.to(torch.bfloat16)(torch.tensor([ids[:-1]]), output_hidden_states=True)
+        expected = torch.cat([out.hidden_states[l + 1][0] for l in (0, 2)], -1).float()
+    else:
+        cache = target.new_kv_cache(1, 16)
+        fwd = target.forward_segments([Segment(0, 0, torch.tensor(ids[:-1]))], cache, capture_layers=(0, 2, 3))
+        expected = fwd.hidden[:, :64].float()
+    # stored as float16: the comparison is at fp16's resolution of bf16 values
+    torch.testing.assert_close(row["features"][:, :64].float(), expected, atol=2e-2, rtol=1e-2)
+    logits = final_hidden(row["features"][:, -32:], final_norm_of(target)) @ target.lm_head_weight().float().T
+    assert torch.equal(row["argmax"], logits.argmax(-1))

@@ -55,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens per teacher-forced prefill batch (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="pool order and sampling seed (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--dtype", default="float32", choices=("auto", "float32", "bfloat16", "int8"),
+                   help="the target's weight format while it answers and computes features (engine/weight_format.py; "
+                        "auto: as launch decides on this host). Train on the format you serve: its features and "
+                        "on-policy replies are the served model's. Recorded in the dataset's settings (default: %(default)s)")
     return p
 
 
@@ -65,14 +69,19 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     from transformers import AutoTokenizer
 
+    from sglang_dspark.engine.factory import resolve_weight_format
     from sglang_dspark.engine.target_model import TargetModel
 
-    target = TargetModel.from_pretrained(args.target)
+    weight_format, why = resolve_weight_format(args.dtype, args.target)
+    print(f"target weight format: {weight_format} ({why})", flush=True)
+    target = TargetModel.from_pretrained(args.target, weight_format=weight_format)
     tokenizer = AutoTokenizer.from_pretrained(args.target)
     layers = capture_layers([int(x) for x in args.layers.split(",")], target.config.num_hidden_layers)
     settings = {"source": args.source, "split": args.split, "seed": args.seed, "max_prompt_tokens": args.max_prompt_tokens,
                 "max_total_tokens": args.max_total_tokens, "max_new_tokens": args.max_new_tokens,
                 "temperature": args.temperature, "target": os.path.abspath(args.target)}
+    if weight_format != "float32":  # datasets built before the flag were float32 and resume as such
+        settings["weight_format"] = weight_format
     if args.source == "sharegpt-responses":
         for key in ("max_new_tokens", "temperature"):
             settings.pop(key)

@@ -59,7 +59,7 @@ def teacher_forced_rows(target: TargetModel, sequences: list[tuple[list[int], in
     layers = capture_layers(layer_ids, target.config.num_hidden_layers)
     hidden = target.config.hidden_size
     norm = final_norm_of(target)
-    lm_head = target.lm_head.weight.detach()
+    lm_head = target.lm_head_weight().detach()  # real numbers in every weight format (int8 included)
     order = sorted(range(len(sequences)), key=lambda i: -len(sequences[i][0]))
     longest = max((len(s) for s, _ in sequences), default=1)
     rows: list[dict | None] = [None] * len(sequences)

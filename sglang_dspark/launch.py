@@ -84,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--admin-api-key", metavar="KEY",
                    help="require this key on admin endpoints (/set_internal_state, /flush_cache); with it set, "
                         "--api-key no longer opens them (SGLang's --admin-api-key)")
+    p.add_argument("--tool-call-parser", metavar="NAME",
+                   help="the model's tool-call format, one of SGLang's parser names (e.g. hermes, llama3, qwen25, "
+                        "mistral, pythonic): with it, tool_choice auto is answered with the calls SGLang's parser "
+                        "finds in the model's text; without it, auto is refused (SGLang's --tool-call-parser)")
     p.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                    help="on SIGTERM / SIGINT: stop accepting, give running requests this many seconds, then end "
                         "the rest with finish_reason \"abort\" (every client gets a complete response)")
@@ -179,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         engine, why = pick_engine(args.engine)
         logger.info("engine: %s (%s)", engine, why)
         _warn_unused_flags(args, engine)
+        if args.tool_call_parser:  # before any model loads: a typo fails at once, on either engine
+            _check_tool_call_parser(args.tool_call_parser)
         model, zoo_name = resolve_model(args.model, engine, args.cache_dir, materialise=not args.dry_run)
         draft = resolve_draft(args.draft, model, args.mode, engine, zoo_name)
         args.weight_format = _weight_format(args, engine, model)
@@ -197,6 +203,17 @@ def main(argv: list[str] | None = None) -> int:
     except LaunchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def _check_tool_call_parser(name: str) -> None:
+    from sglang_dspark.server.tools import check_parser
+
+    try:
+        check_parser(name)
+    except ImportError:
+        raise LaunchError("--tool-call-parser: needs sglang installed (its parsers read the calls)") from None
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
 
 
 def _check_ranges(args) -> None:
@@ -326,7 +343,8 @@ def _launch_sglang(args, model, draft, profile, name) -> int:
     deployment = launch_sglang.Deployment(
         model=model, draft=draft, mode=args.mode, host=args.host, port=args.port, max_running=args.max_running,
         max_len=args.max_len, seed=args.seed, served_model_name=name, api_key=args.api_key,
-        admin_api_key=args.admin_api_key, tp=args.tp, dp=args.dp, nnodes=args.nnodes,
+        admin_api_key=args.admin_api_key, tool_call_parser=args.tool_call_parser, tp=args.tp, dp=args.dp,
+        nnodes=args.nnodes,
         dist_init_addr=args.dist_init_addr, gamma=draft_gamma(draft) if draft and Path(draft).is_dir() else None,
         profile_path=str(Path(profile.path).resolve()) if profile is not None else None, sps_path=sps, sts_path=sts,
         tier=profile.tier if profile is not None else None, sps_learning=args.sps_learning == "on",
@@ -401,7 +419,8 @@ def _launch_reference(args, model, draft, profile, name) -> int:
     except ValueError as exc:
         raise LaunchError(str(exc)) from None
     client = AsyncEngine(engine)
-    app = create_app(client, served_model_name=name, api_key=args.api_key, admin_api_key=args.admin_api_key)
+    app = create_app(client, served_model_name=name, api_key=args.api_key, admin_api_key=args.admin_api_key,
+                     tool_call_parser=args.tool_call_parser)
     serve(client, app, args.host, args.port, drain_s=args.drain_timeout,
           ready_line=f"DSpark server ready on {url} (engine=reference, mode={args.mode}, model={name!r})")
     return 0

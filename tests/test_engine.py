@@ -212,3 +212,36 @@ def test_probes_back_off_and_new_requests_use_the_observed_prior():
     first = len(calls)
     run_to_completion(engine, [[7, 3]], [SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)])
     assert len(calls) == first  # the new request inherits the observed (worthless) confidences
+
+
+def test_server_info_reports_sglangs_avg_spec_accept_length():
+    """bench_serving prints it from internal_states[0]: committed tokens per request per decode
+    step (the bonus token included), exactly 1 when no draft is ever accepted, absent without
+    speculation, and kept (cumulative, as SGLang's) when the step records are cleared."""
+    from engine_fixtures import RejectedDrafter, greedy_reference, tiny_drafter_for
+
+    from sglang_dspark.engine.engine import Engine
+    from sglang_dspark.engine.target_model import TargetModel
+
+    params = [SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)]
+    target_only = tiny_engine("target")
+    run_to_completion(target_only, [[5, 9, 14]], params)
+    assert "avg_spec_accept_length" not in target_only.server_info()["internal_states"][0]
+
+    full = tiny_engine("full")
+    assert "avg_spec_accept_length" not in full.server_info()["internal_states"][0]  # no step yet
+    run_to_completion(full, [[5, 9, 14], [7, 3]], params * 2)
+    records = list(full.records)
+    expected = sum(r.bs + r.accepted_drafts for r in records) / sum(r.bs for r in records)
+    assert sum(r.accepted_drafts for r in records) > 0
+    assert full.server_info()["internal_states"][0]["avg_spec_accept_length"] == pytest.approx(expected)
+    full.records.clear()
+    assert full.server_info()["internal_states"][0]["avg_spec_accept_length"] == pytest.approx(expected)
+
+    hf, prompt = tiny_hf_target(), [5, 9, 14, 22, 7]
+    target = TargetModel.from_hf_model(hf)
+    inner = tiny_drafter_for(target)
+    rejected = Engine(target, ToyTokenizer(), RejectedDrafter(inner, prompt, greedy_reference(hf, prompt, 40)),
+                      config=EngineConfig(mode="full", max_running=2, max_len=256), model_name="tiny")
+    run_to_completion(rejected, [prompt], params)
+    assert rejected.server_info()["internal_states"][0]["avg_spec_accept_length"] == 1.0

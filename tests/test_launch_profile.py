@@ -112,7 +112,7 @@ def test_launch_hands_the_profile_tables_and_tier_to_the_engine(monkeypatch, set
     assert torch.equal(captured["sts"], torch.tensor([1.0, 1.3, 0.7]))
     assert captured["config"].sla_tok_s_per_user == 20.0 and captured["config"].max_running == 4
     assert captured["name"] == "target"  # the directory's base name
-    assert captured["app"] == {"served_model_name": "target", "api_key": "k", "admin_api_key": "a"}
+    assert captured["app"] == {"served_model_name": "target", "api_key": "k", "admin_api_key": "a", "tool_call_parser": None}
 
 
 def test_a_zoo_models_shipped_profile_serves_sla_tier_even_as_a_seed(setup, tmp_path, monkeypatch, capsys):

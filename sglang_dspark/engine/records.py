@@ -26,15 +26,22 @@ class StepRecord:
 
 
 class StepRecords:
-    """The last `maxlen` decode steps, oldest first; `total` counts every step ever recorded."""
+    """The last `maxlen` decode steps, oldest first; `total` counts every step ever recorded, and
+    `request_steps` / `emitted` their requests and committed tokens (also never cleared)."""
 
     def __init__(self, maxlen: int):
         self._records: deque[StepRecord] = deque(maxlen=maxlen)
-        self.total = 0
+        self.total = self.request_steps = self.emitted = 0
 
     def append(self, record: StepRecord) -> None:
         self._records.append(record)
         self.total += 1
+        self.request_steps += record.bs
+        self.emitted += record.bs + record.accepted_drafts  # each request's bonus token and its accepted drafts
+
+    def avg_accept_length(self) -> float | None:
+        """SGLang's avg_spec_accept_length: committed tokens per request per decode step, since start."""
+        return self.emitted / self.request_steps if self.request_steps else None
 
     def clear(self) -> None:
         self._records.clear()

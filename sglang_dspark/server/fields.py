@@ -14,7 +14,7 @@ INERT = frozenset({
     "user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
     "prompt_cache_retention",
     "prediction",  # predicted outputs only speed decoding up; the answer is the model's either way
-    "parallel_tool_calls",  # one call per choice either way: a forced call is one call
+    "parallel_tool_calls",  # a forced call is one call either way (under auto, tools.py refuses false)
     # SGLang's: they split a reasoning model's output only under --reasoning-parser, which this
     # server does not have (SGLang without one ignores them too)
     "separate_reasoning", "stream_reasoning",

@@ -15,7 +15,7 @@ from sglang_dspark.server.params import (chat_prompt_ids, check_model, choices_p
                                          echo_only, openai_params)
 from sglang_dspark.server.protocol import ChatCompletionRequest, CompletionRequest
 from sglang_dspark.server.streams import EventStreamResponse, RequestStream, collect_all, merged, sse
-from sglang_dspark.server.tools import forced_call, tool_calls
+from sglang_dspark.server.tools import AutoCalls, forced_call, tool_calls
 
 router = APIRouter()
 
@@ -45,9 +45,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     engine, model = engine_of(request), served_name(request)
     check_model(model, body.model)
     n = choices_per_prompt(body)
-    call = forced_call(body)
+    call = forced_call(body, getattr(request.app.state, "tool_call_parser", None))
     ids = await chat_prompt_ids(engine.tokenizer, body)
-    if call is not None:
+    if call is not None and not isinstance(call, AutoCalls):
         grammar = await compile_grammar(request, call.spec, "tools")
     else:
         grammar = await compile_grammar(request, response_format_spec(body.response_format), "response_format")
@@ -65,7 +65,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     for i, outputs in enumerate(results):
         text, reason = "".join(o.text for o in outputs), outputs[-1].finish_reason
         message = {"role": "assistant", "content": text}
-        if call is not None:
+        if isinstance(call, AutoCalls):
+            content, calls = call.parse(text)
+            if calls:  # SGLang's answer: the text around the calls, and finish_reason tool_calls
+                message = {"role": "assistant", "content": content, "tool_calls": calls}
+                reason = "tool_calls" if reason == "stop" else reason
+        elif call is not None:
             message, reason = _call_message(call, text, reason)
         logprobs = chat_logprobs(engine.tokenizer, _logprob_items(outputs)) if params.logprobs else None
         choices.append({"index": i, "message": message, "logprobs": logprobs, "finish_reason": reason})
@@ -93,8 +98,21 @@ async def _chat_chunks(streams: list[RequestStream], base: dict, include_usage: 
         yield chunk(i, {"role": "assistant", "content": ""})
     finals = [None] * len(streams)
     texts = [""] * len(streams)  # a forced call is sent whole once its JSON is complete
+    auto = isinstance(call, AutoCalls)
+    feeds = [call.stream() for _ in streams] if auto else []  # tool_choice auto: parsed as it streams
+    called = [False] * len(streams)
     async for i, out in merged(streams):
-        if call is not None:
+        if auto:
+            pieces = [feeds[i](out.text)] + ([feeds[i](None)] if out.finished else [])
+            logprobs = chat_logprobs(tokenizer, out.logprobs) if out.logprobs else None
+            for content, calls in pieces:
+                if content or logprobs:  # this output's logprobs go with its first chunk, even an empty one
+                    yield chunk(i, {"content": content}, logprobs=logprobs)
+                    logprobs = None
+                for c in calls:
+                    called[i] = True
+                    yield chunk(i, {"tool_calls": [c]})
+        elif call is not None:
             texts[i] += out.text
         elif out.text or out.logprobs:
             yield chunk(i, {"content": out.text},
@@ -102,7 +120,9 @@ async def _chat_chunks(streams: list[RequestStream], base: dict, include_usage: 
         if out.finished:
             finals[i] = out
             reason = out.finish_reason
-            if call is not None:
+            if auto:
+                reason = "tool_calls" if called[i] and reason == "stop" else reason
+            elif call is not None:
                 message, reason = _call_message(call, texts[i], reason)
                 calls = [{"index": k, **c} for k, c in enumerate(message["tool_calls"])]
                 yield chunk(i, {"tool_calls": calls})

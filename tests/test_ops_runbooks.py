@@ -77,6 +77,8 @@ RULES = [
     Rule("python -m sglang_dspark.profile capture ", "help", "minutes of forced-budget steps of SmolLM2",
          "python -m sglang_dspark.profile capture --help",
          tiny="--requests 1 --points 2 --rounds 1 --repeats 1 --warmup 0 --prompt-tokens 8"),
+    Rule("python -m sglang_dspark.profile snapshot --from-dir ", "help", "reads what an SGLang replica learning its "
+         "table wrote; tests/test_sglang_plugin.py runs it", "python -m sglang_dspark.profile snapshot --help"),
     Rule("python -m sglang_dspark.profile snapshot ", "help", "needs a live reference server that learned its table",
          "python -m sglang_dspark.profile snapshot --help", tiny=""),
     Rule("python -m sglang_dspark.profile ", "run"),  # validate, export, set-sts: seconds
@@ -86,6 +88,8 @@ RULES = [
          "python -m sglang_dspark.evaluate --help", tiny="--limit 1 --max-new-tokens 8 --temperatures 1 --threads 1"),
     Rule("python -m sglang_dspark.canary_probe ", "help", "needs a DSpark fleet and a target-only replica",
          "python -m sglang_dspark.canary_probe --help"),
+    Rule("python -m sglang_dspark.sglang_plugin", "help", "checks the SGLang of the replica's interpreter, on its "
+         "host; tests/test_sglang_plugin.py runs it", "python -m sglang_dspark.sglang_plugin --help"),
     Rule("python ops/capacity.py ", "run"),
     Rule("python ops/grafana/check_dashboard.py", "run"),
     Rule("promtool check config ", "run"),

@@ -81,7 +81,7 @@ def plugin_env(monkeypatch):
     from sglang_dspark.sglang_plugin import planner, settings
 
     def configure(**env):
-        for key in (settings.PROFILE_ENV, settings.TIER_ENV, settings.LEARNING_ENV):
+        for key in (settings.PROFILE_ENV, settings.TIER_ENV, settings.LEARNING_ENV, settings.EXPORT_DIR_ENV):
             monkeypatch.delenv(key, raising=False)
         for key, value in env.items():
             monkeypatch.setenv(key, value)
@@ -223,6 +223,34 @@ def test_observer_metrics_appear_on_sglangs_own_metrics_endpoint(tmp_path):
     assert "sglang_dspark_verify_tokens_sum 39.0" in text  # 3 anchors + 10 drafts, three times
     assert "sglang_dspark_step_seconds_count 3.0" in text and "sglang_dspark_verify_budget_count 3.0" in text
     assert 'sglang_dspark_sps_table_source{source="profile"} 1.0' in text
+    _assert_exports_only_the_families_it_updates(text)
+
+
+def _families(text: str) -> set[str]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {f.name for f in text_string_to_metric_families(text)  # counters without _total
+            if f.name.startswith("sglang_dspark_") and not f.name.endswith("_created")}
+
+
+def _assert_exports_only_the_families_it_updates(text: str) -> None:
+    """The reference server's families that SGLang's path never updates (guard, canary, queue,
+    TTFT ...) are absent from SGLang's /metrics, so their alerts read "no data", not a healthy 0;
+    the reference server still exports them; and each family the plugin does export, a step updated."""
+    from engine_fixtures import tiny_engine
+
+    from sglang_dspark.sglang_plugin.observer import FAMILIES
+
+    reference = _families(tiny_engine().metrics.render().decode())
+    reference_only = reference - FAMILIES
+    assert FAMILIES <= reference and len(reference_only) >= 13, sorted(reference_only)
+    exported = _families(text)
+    assert not exported & reference_only, sorted(exported & reference_only)
+    assert exported == FAMILIES - {"sglang_dspark_sla_requests"}  # outcomes need a tier; this run has none
+    updated = {line.split("{")[0].split()[0] for line in text.splitlines()
+               if line.startswith("sglang_dspark_") and not line.rstrip().endswith((" 0.0", "_created"))}
+    for family in exported:
+        assert any(name.startswith(family) for name in updated), f"{family} exported but never updated"
 
 
 def _sts_launch(tmp_path, monkeypatch, rows: torch.Tensor, ranks=((0, 0), (1, 1))) -> None:
@@ -260,6 +288,67 @@ def test_sts_two_tp_ranks_two_launches_sglangs_fit_reads_each_row_once(tmp_path,
     assert sorted(map(tuple, logits.tolist())) == sorted(map(tuple, torch.cat([first, second]).tolist()))
 
 
+def test_our_sts_shards_are_sglangs_own(tmp_path, monkeypatch):
+    """The recorder writes its shards itself (atomically, and the shard being filled early): the
+    same file names and contents as SGLang's StsDataRecorder.flush for the same rows."""
+    import sglang.srt.runtime_context as rc
+    from sglang.srt.speculative.dspark_components.dspark_sts import StsDataRecorder
+
+    from sglang_dspark.sglang_plugin import sts
+
+    base = getattr(StsDataRecorder, "__wrapped__", StsDataRecorder)
+    monkeypatch.setattr(rc, "get_parallel", lambda: SimpleNamespace(tp_rank=0, attn_tp_rank=0, dp_rank=None))
+    monkeypatch.setenv(sts.RUN_ID_ENV, "run")
+    sts.run_id.cache_clear()
+    ours = sts.per_rank_recorder(base)(path_stem=str(tmp_path / "ours" / "sts"), gamma=4, flush_every=2)
+    theirs = base(path_stem=str(tmp_path / "theirs" / "sts.run.dp0"), gamma=4, flush_every=2)
+    for i in range(3):
+        row = dict(confidence_raw=torch.arange(4.0).view(1, 4) + i, num_correct_drafts=torch.tensor([i]))
+        ours.record(**row)
+        theirs.record(**row)
+    ours.flush()
+    theirs.flush()
+    sts.run_id.cache_clear()
+    names = sorted(p.name for p in (tmp_path / "theirs").iterdir())
+    assert names == ["sts.run.dp0.0.pt", "sts.run.dp0.1.pt"] == sorted(p.name for p in (tmp_path / "ours").iterdir())
+    for name in names:
+        a, b = (torch.load(tmp_path / d / name) for d in ("ours", "theirs"))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_sts_rows_survive_a_sigkill_and_sglangs_fit_reads_each_once(tmp_path):
+    """A scheduler SIGKILLed mid-shard: its rows up to the last durable write are on disk, under
+    names SGLang's fit tool reads exactly once (no row twice, no half-written shard)."""
+    import signal
+
+    from sglang.benchmark.dspark_sts_fit import load_collected_shards
+
+    writer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time, torch
+        from types import SimpleNamespace
+        import sglang.srt.runtime_context as rc
+        from sglang.srt.speculative.dspark_components.dspark_sts import StsDataRecorder
+        from sglang_dspark.sglang_plugin import sts
+        rc.get_parallel = lambda: SimpleNamespace(tp_rank=0, attn_tp_rank=0, dp_rank=0)
+        sts.DURABLE_SECONDS = 0.0  # every step durable: the test kills right after the last one
+        recorder = sts.per_rank_recorder(getattr(StsDataRecorder, "__wrapped__", StsDataRecorder))(
+            path_stem={str(tmp_path / "sts")!r}, gamma=4, flush_every=4)
+        for i in range(6):  # one full shard of 4 steps, then 2 steps of the next
+            recorder.record(confidence_raw=torch.full((2, 4), float(i)), num_correct_drafts=torch.tensor([1, 2]))
+        print("recorded", flush=True)
+        time.sleep(600)  # killed by the test long before
+    """)], stdout=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    try:
+        assert writer.stdout.readline().strip() == "recorded"
+    finally:
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.wait(timeout=60)
+    assert writer.returncode == -signal.SIGKILL  # no atexit flush ran
+    logits, mask = load_collected_shards(data_glob=str(tmp_path / "sts.*.pt"))  # SGLang's own fit tool
+    assert sorted(logits[:, 0].tolist()) == [float(i) for i in range(6) for _ in range(2)]
+    assert mask.sum(1).tolist() == [1.0, 2.0] * 6
+
+
 def test_sts_collection_is_refused_in_compact_mode():
     from sglang_dspark.sglang_plugin import sts
 
@@ -277,9 +366,10 @@ class _Clock:
         return self.now
 
 
-def _learning_run(monkeypatch, attn_tp_size: int, steps: int = 64) -> dict:
+def _learning_run(monkeypatch, attn_tp_size: int, steps: int = 64, before=None) -> dict:
     """Drive the observer hooks through `steps` synthetic steps whose time is a known function of
-    (requests, tokens) on an injected clock; returns what the planner hook then hands the original."""
+    (requests, tokens) on an injected clock; returns what the planner hook then hands the original.
+    `before(observer)` runs on the started observer before the first step."""
     import sglang.srt.runtime_context as rc
 
     from sglang_dspark.sglang_plugin import observer
@@ -293,6 +383,10 @@ def _learning_run(monkeypatch, attn_tp_size: int, steps: int = 64) -> dict:
     clock = _Clock()
     monkeypatch.setattr(observer.time, "perf_counter", clock)
     fake = SimpleNamespace(_planner=SimpleNamespace(_budget_planner=SimpleNamespace(last_decision=None)))
+    if before is not None:
+        started = observer.observer()
+        started._start()
+        before(started)
     for step in range(steps):
         bs, tokens = 1 + step % 3, (4, 8, 16, 24)[step % 4]
         kw = _observe_kwargs(bs, 7, verify_lens=(1, 1, 1), grid=(tokens,))  # a graph of `tokens` rows
@@ -302,9 +396,7 @@ def _learning_run(monkeypatch, attn_tp_size: int, steps: int = 64) -> dict:
             observer.after_prefill_step(None, fake)  # a prefill step: the next interval is not timed
             clock.now += 0.5
     obs = observer.observer()
-    if obs._refit is not None:  # the background refit: wait for it, then let the hook adopt it
-        obs._refit.result(timeout=60)
-        obs._refresh_learned()
+    obs.settle()  # the refit in flight (worker or thread): wait for it and adopt it
     seen = {}
 
     def original(*, history_survival_probs, sps_table, cfg):
@@ -316,8 +408,17 @@ def _learning_run(monkeypatch, attn_tp_size: int, steps: int = 64) -> dict:
     given = _tables()[1]
     seen["result"] = around_budget(original, history_survival_probs=torch.rand(2, 7), sps_table=given,
                                    cfg=P.DSparkScheduleConfig(gamma=7))
-    seen["given"], seen["learned"], seen["learner"] = given, observer.learned_table(), obs.learner
+    seen.update(given=given, learned=observer.learned_table(), learner=obs.learner, observer=obs)
+    if obs.worker is not None:
+        obs.worker.close()
     return seen
+
+
+def _assert_learned_the_hosts_step_times(seen) -> None:
+    for bs, tokens in ((1, 4), (2, 16), (3, 24)):
+        true = 0.010 + 0.002 * bs + 0.0005 * tokens
+        predicted = 1.0 / seen["learned"].ours(tokens, num_requests=bs)
+        assert abs(predicted - true) / true < 0.15, (bs, tokens, predicted, true)
 
 
 def test_with_learning_the_original_planner_runs_on_the_table_learned_from_this_workers_steps(plugin_env, tmp_path,
@@ -330,76 +431,105 @@ def test_with_learning_the_original_planner_runs_on_the_table_learned_from_this_
     assert seen["result"] == "decision" and seen["learned"] is not None
     assert isinstance(seen["table"], SpsAdditiveCostTable) and seen["table"] is seen["learned"].table
     assert max(s.seconds for s in seen["learner"].samples) < 0.05  # the interval across the prefill was dropped
-    for bs, tokens in ((1, 4), (2, 16), (3, 24)):
-        true = 0.010 + 0.002 * bs + 0.0005 * tokens
-        predicted = 1.0 / seen["learned"].ours(tokens, num_requests=bs)
-        assert abs(predicted - true) / true < 0.15, (bs, tokens, predicted, true)
+    _assert_learned_the_hosts_step_times(seen)
 
 
-def test_with_attention_tp_the_learner_stays_off_and_every_rank_uses_the_profile(plugin_env, tmp_path, monkeypatch):
+def test_refits_run_in_the_fit_worker_process_not_on_a_scheduler_thread(plugin_env, tmp_path, monkeypatch):
     _, path = _profile_with_tier(tmp_path)
     plugin_env(SGLANG_DSPARK_PROFILE=str(path), SGLANG_DSPARK_SPS_LEARNING="1")
-    seen = _learning_run(monkeypatch, attn_tp_size=2)
-    assert seen["learned"] is None and seen["table"] is seen["given"]
+    submitted = []
+
+    def ready(obs):
+        assert obs.worker.wait_ready(120), "the fit worker did not start"
+        submit, poll = obs.worker.submit, obs.worker.poll
+        monkeypatch.setattr(obs.worker, "submit", lambda *a: submitted.append(submit(*a)) or submitted[-1])
+        # each refit back by the next step, however loaded the host: the same refits as a fast worker
+        monkeypatch.setattr(obs.worker, "poll", lambda timeout=0.0: poll(60.0))
+
+    seen = _learning_run(monkeypatch, attn_tp_size=1, before=ready)
+    assert seen["observer"]._fitter is None  # no refit ran on a thread of this process
+    assert all(submitted) and len(submitted) == seen["learner"].refits > 2  # each one in the worker
+    _assert_learned_the_hosts_step_times(seen)
 
 
-def test_the_table_source_says_flat_while_sglang_verifies_every_draft():
-    from sglang_dspark.sglang_plugin.observer import StepObserver
+def test_a_crashed_fit_worker_falls_back_to_a_thread_and_says_so(plugin_env, tmp_path, monkeypatch, caplog):
+    import signal
 
-    obs = StepObserver()
-    assert obs._source(SimpleNamespace(is_verify_all=True)) == "flat"
-    assert obs._source(SimpleNamespace(is_verify_all=False)) == "profile"
-    from sglang.srt.speculative.dspark_components.dspark_planner import DSparkVerifyPlanner
-
-    assert isinstance(inspect.getattr_static(DSparkVerifyPlanner, "is_verify_all"), property)  # what we read
-
-
-def test_a_rank_that_neither_exports_nor_learns_stages_nothing(plugin_env, monkeypatch):
-    import sglang.srt.runtime_context as rc
-
-    from sglang_dspark.sglang_plugin import observer
-
-    plugin_env()
-    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "/nonexistent")  # metrics on, but this is attention-TP rank 1
-    monkeypatch.setattr(rc, "get_parallel", lambda: SimpleNamespace(attn_tp_rank=1, attn_tp_size=2))
-    monkeypatch.setattr(observer, "_OBSERVER", None)
-    fake = SimpleNamespace(_planner=SimpleNamespace(_budget_planner=SimpleNamespace(last_decision=None)))
-    for _ in range(3):
-        observer.around_observe_step(lambda obs, **kw: None, fake, **_observe_kwargs(3, 7))
-    obs = observer.observer()
-    assert obs.exporting is False and obs.pending == [] and obs.last_info is None  # no copy was staged
-
-
-def test_a_retracted_request_gets_one_outcome_at_its_real_finish(plugin_env, tmp_path, monkeypatch):
-    import sglang.srt.runtime_context as rc
-
-    from sglang_dspark.sglang_plugin import observer
-
-    from test_sglang_observer_records import _snapshot, single_process_metrics, started_observer
-
-    single_process_metrics()
     _, path = _profile_with_tier(tmp_path)
-    plugin_env(SGLANG_DSPARK_PROFILE=str(path), SGLANG_DSPARK_SLA_TIER="interactive")
-    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
-    monkeypatch.setattr(rc, "get_parallel", lambda: SimpleNamespace(attn_tp_rank=0, attn_tp_size=1))
-    monkeypatch.setattr(observer, "_OBSERVER", None)
-    clock = _Clock()
-    monkeypatch.setattr(observer.time, "perf_counter", clock)
-    fake = SimpleNamespace(_planner=SimpleNamespace(_budget_planner=SimpleNamespace(last_decision=None)))
+    plugin_env(SGLANG_DSPARK_PROFILE=str(path), SGLANG_DSPARK_SPS_LEARNING="1")
 
-    def step(bs):  # requests r0 .. r{bs-1}
-        clock.now += 0.01
-        observer.around_observe_step(lambda obs, **kw: None, fake, **_observe_kwargs(bs, 7))
+    def crash(obs):
+        assert obs.worker.wait_ready(120), "the fit worker did not start"
+        os.kill(obs.worker.pid, signal.SIGKILL)
+        obs.worker.proc.wait(timeout=60)
 
-    registry = started_observer().metrics.registry
+    with caplog.at_level("ERROR", logger="sglang_dspark.sglang_plugin.fitter"):
+        seen = _learning_run(monkeypatch, attn_tp_size=1, before=crash)
+    assert seen["observer"].worker.dead and seen["observer"]._fitter is not None
+    assert [r for r in caplog.records if "fit worker" in r.getMessage() and "is gone" in r.getMessage()]
+    _assert_learned_the_hosts_step_times(seen)  # the thread's refits kept the table learning
 
-    def outcomes():
-        return sum(v for (name, _), v in _snapshot(registry).items() if name == "sglang_dspark_sla_requests_total")
 
-    before = outcomes()
-    for bs in (3, 3, 2, 2, 3, 3):  # r2 is retracted for two steps, then re-admitted
-        step(bs)
-    observer.after_request_finished(None, fake, rid="r2", natural_stop=True)
-    step(2)
-    step(2)  # numbers are a step late: this one accounts the step after the finish
-    assert outcomes() - before == 1.0  # r2 once, at its finish; r0 and r1 have not finished
+def _synchronous_worker(monkeypatch):
+    """A `before` for _learning_run: the worker up, and each refit back by the next step."""
+    def ready(obs):
+        assert obs.worker.wait_ready(120), "the fit worker did not start"
+        poll = obs.worker.poll
+        monkeypatch.setattr(obs.worker, "poll", lambda timeout=0.0: poll(60.0))
+    return ready
+
+
+@pytest.mark.parametrize("where", ["worker", "thread"])
+def test_the_learned_table_reaches_the_export_dir_and_snapshot_from_dir_makes_a_profile(plugin_env, tmp_path,
+                                                                                        monkeypatch, capsys, where):
+    from sglang_dspark.profile.cli import main as profile_main
+    from sglang_dspark.profile.schema import SlaProfile
+    from sglang_dspark.sglang_plugin import export
+
+    profile, path = _profile_with_tier(tmp_path)
+    plugin_env(SGLANG_DSPARK_PROFILE=str(path), SGLANG_DSPARK_SPS_LEARNING="1",
+               SGLANG_DSPARK_EXPORT_DIR=str(tmp_path / "export"))
+    monkeypatch.setattr(export, "EXPORT_SECONDS", 0.0)  # every refit writes (the worker gets it at start)
+    before = _synchronous_worker(monkeypatch) if where == "worker" else lambda obs: obs.worker.close()
+    seen = _learning_run(monkeypatch, attn_tp_size=1, before=before)
+    assert (seen["observer"]._fitter is None) == (where == "worker")
+    assert [p.name for p in (tmp_path / "export").iterdir()] == ["learned-sps.dp0.json"]  # no temp file left
+    out = tmp_path / "learned.yaml"
+    assert profile_main(["snapshot", "--from-dir", str(tmp_path / "export"), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.startswith(f"wrote {out}")
+    snap = SlaProfile.load(out)  # validates
+    assert snap.provenance.source == "snapshot" and snap.fingerprint == profile.fingerprint
+    assert snap.sps.additive is not None and snap.sps.measurements
+    table = snap.sps_table()
+    for bs, tokens in ((1, 4), (2, 16), (3, 24)):  # what this host's steps cost, as the learner saw them
+        true = 0.010 + 0.002 * bs + 0.0005 * tokens
+        assert abs(1.0 / table(tokens, num_requests=bs) - true) / true < 0.15, (bs, tokens)
+    assert profile_main(["snapshot", "--from-dir", str(tmp_path), "--out", str(out)]) == 2  # no learned file there
+    assert "learned-sps.dp*.json" in capsys.readouterr().err
+
+
+def test_the_fit_worker_dies_with_its_scheduler_process():
+    """A scheduler SIGKILLed (OOM killer, a node drain) leaves no fit worker behind."""
+    import select
+    import signal
+
+    parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import sys, time
+        from sglang_dspark.core.sps_online import OnlineSpsEstimator
+        from sglang_dspark.sglang_plugin.fitter import FitWorker
+        worker = FitWorker(OnlineSpsEstimator())
+        assert worker.wait_ready(120)
+        print(worker.pid, flush=True)
+        time.sleep(600)  # killed by the test long before
+    """)], stdout=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    pid = int(parent.stdout.readline())
+    worker = os.pidfd_open(pid)  # readable once that process has exited (it is not our child to wait for)
+    try:
+        os.kill(parent.pid, 9)
+        parent.wait(timeout=60)
+        exited, _, _ = select.select([worker], [], [], 120)
+        if not exited:
+            signal.pidfd_send_signal(worker, signal.SIGKILL)  # leave no stray process behind a failure
+        assert exited, f"fit worker {pid} outlived its parent by 120 s"
+    finally:
+        os.close(worker)

@@ -2,7 +2,7 @@
 
     capture       --model M [--draft DIR] --out FILE     SPS(B) of the reference engine, in process
     capture-http  --base-url URL --out FILE              any SGLang-compatible server, over HTTP
-    snapshot      --base-url URL --out FILE              the table a live reference server learned
+    snapshot      --base-url URL | --from-dir DIR --out FILE   the table a server learned
     validate      FILE [--model DIR --draft DIR]         schema, semantics, fingerprint
     export        FILE --out DIR                         SGLang's --speculative-dspark-*-path files
     refit         FILE [--out FILE]                      the tables again from the measurements
@@ -296,7 +296,11 @@ def _add_capture_http(sub) -> None:
 
     p = sub.add_parser("capture-http", formatter_class=HELP, help="measure a running server over HTTP and write a profile",
                        description=hc.__doc__.split("\n\n")[0])
-    p.add_argument("--base-url", required=True, help="the server, e.g. http://127.0.0.1:30000")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--base-url", help="a live reference server, e.g. http://127.0.0.1:30000")
+    source.add_argument("--from-dir", type=Path, metavar="DIR",
+                        help="the export directory an SGLang worker learning its table writes it to "
+                             "(learned-sps.dp<rank>.json; the launcher's --export-dir)")
     p.add_argument("--out", required=True, type=Path, help="profile YAML to write")
     p.add_argument("--name", help="profile name (default: the --out file name without extension)")
     p.add_argument("--model", metavar="DIR", help="the server's target model directory, hashed into the fingerprint "
@@ -350,22 +354,30 @@ def _add_snapshot(sub) -> None:
 
     p = sub.add_parser("snapshot", formatter_class=HELP, help="write the SPS table a live server learned as a profile",
                        description=snap.__doc__.split("\n\n")[0])
-    p.add_argument("--base-url", required=True, help="the server, e.g. http://127.0.0.1:30000")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--base-url", help="a live reference server, e.g. http://127.0.0.1:30000")
+    source.add_argument("--from-dir", type=Path, metavar="DIR",
+                        help="the export directory an SGLang worker learning its table writes it to "
+                             "(learned-sps.dp<rank>.json; the launcher's --export-dir)")
     p.add_argument("--out", required=True, type=Path, help="profile YAML to write; the plot goes next to it as .png")
     p.add_argument("--name", help="profile name (default: the --out file name without extension)")
     p.add_argument("--tier", action="append", default=[], metavar="NAME:TOK_S:TTFT_S:MAX_CONC",
                    help="an SLA tier to record in the profile; repeatable")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds for the HTTP request")
-    p.add_argument("--api-key", help="Bearer token, when the server was started with --api-key")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds for the HTTP request (--base-url)")
+    p.add_argument("--api-key", help="Bearer token, when the server was started with --api-key (--base-url)")
     p.set_defaults(func=_run_snapshot)
 
 
 def _run_snapshot(args) -> int:
     from sglang_dspark.profile.plot import plot_profile
-    from sglang_dspark.profile.snapshot import snapshot
+    from sglang_dspark.profile.snapshot import snapshot, snapshot_from_dir
 
-    profile = snapshot(args.base_url, name=args.name or args.out.stem, tiers=[SlaTier.parse(t) for t in args.tier],
-                       command=_command_line(), timeout=args.timeout, api_key=args.api_key)
+    name, tiers = args.name or args.out.stem, [SlaTier.parse(t) for t in args.tier]
+    if args.from_dir is not None:
+        profile = snapshot_from_dir(args.from_dir, name=name, tiers=tiers, command=_command_line())
+    else:
+        profile = snapshot(args.base_url, name=name, tiers=tiers, command=_command_line(), timeout=args.timeout,
+                           api_key=args.api_key)
     _save(profile, args.out)
     plot_profile(profile.sps.measurements, profile.sps_table(), args.out.with_suffix(".png"),
                  f"SPS(B) learned online: {profile.name} (dashed: the learned table)")

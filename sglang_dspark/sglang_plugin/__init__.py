@@ -5,7 +5,8 @@ pyproject.toml; `SGLANG_PLUGINS`, when set, must list it). It checks the SGLang 
 every hook target exists, and registers nothing (SGLang keeps working) when either fails: one
 ERROR line, and `sglang_dspark_plugin_active` 0 on /metrics (1 when registered). The hooks
 (targets.py): the SLA / learned-table planner (planner.py, padded.py), metrics and the learner's
-feed from the step observer (observer.py), and the STS collection fixes (sts.py).
+feed from the step observer (observer.py; its refits in a worker process, fitter.py, and the learned
+table's file, export.py), and the STS collection fixes (sts.py).
 
 Nothing here imports prometheus_client or reads SGLang's parallel config at load time: SGLang sets
 PROMETHEUS_MULTIPROC_DIR and publishes ranks later; both are read inside the hooks.

@@ -18,8 +18,10 @@ own. (Pairing step N's tokens with step N-1's time smears theta(B) when budgets 
 The tensors arrive on the device. Reading them now would stall the overlap scheduler, so each step
 stages its device-to-host copies (non-blocking, with an event) and a later step reads them once the
 event says they landed: the numbers are a step or more late, never a synchronisation. The learned
-table is refitted on a background thread from a snapshot taken here. Metrics come from attention-TP
-rank 0 only (the other ranks see the same requests).
+table is refitted from a snapshot taken here, in a worker process of its own (fitter.py: a fit on a
+thread here would hold the GIL the scheduler thread needs); until that worker is up, or after it
+died, on a background thread. Metrics come from attention-TP rank 0 only (the other ranks see the
+same requests).
 """
 
 from __future__ import annotations
@@ -37,6 +39,14 @@ logger = logging.getLogger(__name__)
 REQUEST_SPEED_MIN_TOKENS = 2
 STALE_SECONDS = 600.0  # a request absent this long without a finish is forgotten
 MAX_STEP_SECONDS = 1.0  # SGLang's INFO_DUMP_MAX_STEP_CPU_SECONDS: a longer gap is idle time, not a step
+# The reference server's families this observer updates, and only those: a family created here and
+# never updated would read 0 on SGLang's /metrics (guard blocks, canary mismatches: "healthy"), not
+# "no data". test_sglang_plugin checks every one is updated by a step.
+FAMILIES = frozenset({
+    "sglang_dspark_accept_length", "sglang_dspark_position_verified", "sglang_dspark_position_accepted",
+    "sglang_dspark_verify_budget", "sglang_dspark_sla_requests", "sglang_dspark_verify_tokens",
+    "sglang_dspark_step_seconds", "sglang_dspark_predicted_step_seconds", "sglang_dspark_step_time_abs_rel_error",
+    "sglang_dspark_generation_tokens", "sglang_dspark_verify_steps", "sglang_dspark_sps_table_source"})
 
 
 @dataclass
@@ -81,8 +91,11 @@ class StepObserver:
         self.pending: list[tuple[_Staged, dict]] = []  # staged steps whose copies have not landed
         self.requests: dict[str, list[float]] = {}  # rid -> [first seen, tokens, last seen]
         self.finished: set[str] = set()  # rids SGLang reported finished, outcome due once no step holds them
-        self._refit: Future | None = None
+        self._refit: Future | None = None  # a refit on the fallback thread
         self._fitter: ThreadPoolExecutor | None = None
+        self.worker = None  # fitter.FitWorker: where refits run while it lives
+        self.export: tuple | None = None  # (path, meta, seconds between writes) of the learned table's file
+        self._exporter = None  # the fallback thread's export.Exporter
 
     # -- hooks -----------------------------------------------------------------------------------
     def note_prefill(self) -> None:
@@ -129,7 +142,7 @@ class StepObserver:
         if self.exporting:
             from sglang_dspark.metrics import EngineMetrics
 
-            self.metrics = EngineMetrics(gauge_mode="mostrecent")
+            self.metrics = EngineMetrics(gauge_mode="mostrecent", families=FAMILIES)
         plugin = settings()
         if plugin.learning:
             if not single_rank:
@@ -140,6 +153,16 @@ class StepObserver:
                 from sglang_dspark.sglang_plugin.planner import profile_table
 
                 self.learner = OnlineSpsEstimator(prior=profile_table() if plugin.profile is not None else None)
+                self.export = _export(plugin, parallel)
+                self._start_worker()
+
+    def _start_worker(self) -> None:
+        from sglang_dspark.sglang_plugin.fitter import FitWorker
+
+        try:
+            self.worker = FitWorker(self.learner, self.export)
+        except Exception:  # noqa: BLE001 - no worker process here: refits stay on a thread
+            logger.exception("online SPS fit worker did not start; refits run on a thread of the scheduler process")
 
     def _source(self, planner) -> str:
         """The table SGLang's planner prices this step with, as the reference server names it."""
@@ -158,6 +181,8 @@ class StepObserver:
             self._refresh_learned()
         if self.metrics is None:
             return
+        from sglang_dspark.metrics import observe_many  # prometheus_client only once metrics exist
+
         m = self.metrics
         m.verify_steps.inc()
         m.verify_tokens.observe(verify_tokens)
@@ -168,8 +193,7 @@ class StepObserver:
         if seconds:
             m.observe_step(seconds, info["predicted"])
         if commit is not None:
-            for n in commit[:bs].tolist():
-                m.accept_length.observe(int(n))
+            observe_many(m.accept_length, commit[:bs].numpy())  # one write per bucket, not per request
             m.generation_tokens.inc(int(commit[:bs].sum()))
         if correct is not None and gamma > 0:
             positions = _positions(gamma)
@@ -203,7 +227,13 @@ class StepObserver:
             self.finished &= set(self.requests)
 
     def _refresh_learned(self) -> None:
-        """Adopt a finished background refit; start the next one when due (never waits here)."""
+        """Adopt a finished refit; start the next one when due (never waits here)."""
+        if self.worker is not None and self.worker.busy:
+            message = self.worker.poll()
+            if message is not None:
+                self._adopt_worker(message)
+            elif not self.worker.dead:
+                return  # still fitting
         if self._refit is not None:
             if not self._refit.done():
                 return
@@ -213,13 +243,39 @@ class StepObserver:
             except Exception:  # a bad fit keeps the table in use
                 logger.exception("online SPS refit failed; keeping the current table")
             else:
-                self.learner.adopt(table, steps)
-                self._publish(table)
+                self._adopt(table, steps)
         if self.learner.refit_due:
             samples, steps, learner = self.learner.snapshot(), self.learner.steps, self.learner
-            if self._fitter is None:
+            if self.worker is not None and self.worker.submit(samples, steps):
+                return
+            if self._fitter is None:  # the worker is starting, or gone
                 self._fitter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dspark-sps-fit")
-            self._refit = self._fitter.submit(lambda: (learner.fit(samples), steps))
+                if self.export is not None:
+                    from sglang_dspark.sglang_plugin.export import Exporter
+
+                    self._exporter = Exporter(*self.export)
+            self._refit = self._fitter.submit(_fit_and_export, learner, samples, steps, self._exporter)
+
+    def _adopt_worker(self, message: tuple) -> None:
+        if message[0] == "error":
+            logger.error("online SPS refit failed in the fit worker; keeping the current table:\n%s", message[1])
+            return
+        _, table, steps, self.learner.prior_scale, self.learner.prior_draft_scale = message
+        self._adopt(table, steps)
+
+    def _adopt(self, table, steps: int) -> None:
+        self.learner.adopt(table, steps)
+        self._publish(table)
+
+    def settle(self, timeout: float = 60.0) -> None:
+        """Wait for the refit in flight, if any, and adopt it (tests and benchmarks; never a hook)."""
+        if self.worker is not None and self.worker.busy:
+            message = self.worker.poll(timeout)
+            if message is not None:
+                self._adopt_worker(message)
+        if self._refit is not None:
+            self._refit.result(timeout=timeout)
+            self._refresh_learned()
 
     def _publish(self, table) -> None:
         if table is None or not self.learner.has_drafted or (self.learned is not None and self.learned.ours is table):
@@ -230,6 +286,28 @@ class StepObserver:
 
         sglang_table = pkgutil.resolve_name(ADDITIVE_TABLE)(**table.table.model_dump())
         self.learned = LearnedTable(ours=table, table=sglang_table)
+
+
+def _fit_and_export(learner, samples, steps: int, exporter) -> tuple:
+    """On the fallback thread: the fit, then the learned table's file when one is due."""
+    table = learner.fit(samples)
+    if exporter is not None:
+        exporter.maybe_write(table, samples, steps)
+    return table, steps
+
+
+def _export(plugin, parallel) -> tuple | None:
+    """Exporter's arguments for this process's learned-table file, None without an export directory."""
+    if plugin.export_dir is None:
+        return None
+    from sglang_dspark.sglang_plugin import export
+
+    profile, dp_rank = plugin.profile, getattr(parallel, "dp_rank", None) or 0
+    meta = {"dp_rank": dp_rank, "profile": os.environ.get("SGLANG_DSPARK_PROFILE"),
+            "dspark_fingerprint": profile.fingerprint.model_dump(mode="json") if profile is not None else None,
+            "sts_temperatures": profile.sts.temperatures if profile is not None and profile.sts else None,
+            "max_batch_tokens": profile.sps.cost.max_batch_tokens if profile is not None else None}
+    return str(export.learned_path(plugin.export_dir, dp_rank)), meta, export.EXPORT_SECONDS
 
 
 def _overlap_disabled() -> bool:

@@ -7,6 +7,10 @@
                              this worker's steps (one attention-TP rank only: a table learned per rank
                              would give ranks different CUDA-graph sizes)
 
+    SGLANG_DSPARK_EXPORT_DIR=DIR   where a learning worker writes its learned table every minute
+                             (learned-sps.dp<rank>.json; `profile snapshot --from-dir DIR` keeps it):
+                             the launcher sets the directory it exported the profile's JSON to
+
     SGLANG_DSPARK_GRAPH_TOKENS=N,N,...   the verify token sizes SGLang captures CUDA graphs for
                              (the launcher's --cuda-graph-bs-decode times gamma + 1): the SLA
                              decision prices a budget at the graph it runs as (padded.py)
@@ -25,6 +29,7 @@ PROFILE_ENV = "SGLANG_DSPARK_PROFILE"
 TIER_ENV = "SGLANG_DSPARK_SLA_TIER"
 LEARNING_ENV = "SGLANG_DSPARK_SPS_LEARNING"
 GRAPH_TOKENS_ENV = "SGLANG_DSPARK_GRAPH_TOKENS"
+EXPORT_DIR_ENV = "SGLANG_DSPARK_EXPORT_DIR"
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,7 @@ class PluginSettings:
     tier: object | None  # SlaTier
     learning: bool
     graph_tokens: tuple[int, ...] | None = None  # captured verify sizes, ascending
+    export_dir: str | None = None  # where the learned table is written
 
     @property
     def changes_decisions(self) -> bool:
@@ -57,4 +63,5 @@ def settings() -> PluginSettings:
         raise ProfileError(f"{GRAPH_TOKENS_ENV}={graph!r}: expected comma-separated token counts") from None
     if sizes is not None and (not sizes or sizes[0] < 1):
         raise ProfileError(f"{GRAPH_TOKENS_ENV}={graph!r}: token counts must be >= 1")
-    return PluginSettings(profile, tier, os.environ.get(LEARNING_ENV, "") not in ("", "0", "false"), sizes)
+    return PluginSettings(profile, tier, os.environ.get(LEARNING_ENV, "") not in ("", "0", "false"), sizes,
+                          os.environ.get(EXPORT_DIR_ENV) or None)

@@ -7,7 +7,12 @@
   process's start time, pid and a random tag, or `SGLANG_DSPARK_STS_RUN_ID`), so
   `dspark_sts_fit --data-glob 'STEM.*.pt'` reads every run once;
 - the last partial shard (up to 255 steps) was never written: recorders flush at graceful shutdown
-  (after `Scheduler.release_host_resources`) and at interpreter exit;
+  (after `Scheduler.release_host_resources`) and at interpreter exit; and, against a SIGKILL (the
+  OOM killer, a node drain), the rows of the shard being filled are written every
+  DURABLE_SECONDS under the name that shard will have, replaced whole each time and at last by the
+  full shard, so the fit tool's glob reads each row once whenever the process dies, and a kill
+  loses at most DURABLE_SECONDS of rows (shards are written to a temporary name, then renamed: a
+  kill mid-write leaves no truncated shard);
 - compact verify scatters padded rows, so the labels it would record are wrong: a worker in compact
   mode with collection on refuses to start, saying so.
 """
@@ -21,11 +26,13 @@ import pkgutil
 import secrets
 import time
 import weakref
+from pathlib import Path
 
 from sglang_dspark.sglang_plugin.targets import PARALLEL
 
 _RECORDERS: weakref.WeakSet = weakref.WeakSet()
 RUN_ID_ENV = "SGLANG_DSPARK_STS_RUN_ID"
+DURABLE_SECONDS = 10.0  # rows a SIGKILL may lose; each write rewrites the shard being filled (small)
 
 
 @functools.lru_cache(maxsize=1)
@@ -43,13 +50,36 @@ def per_rank_recorder(base: type) -> type:
             self.writes = getattr(parallel, "attn_tp_rank", parallel.tp_rank) == 0
             dp_rank = parallel.dp_rank if parallel.dp_rank is not None else 0  # None without DP
             super().__init__(path_stem=f"{path_stem}.{run_id()}.dp{dp_rank}", gamma=gamma, flush_every=flush_every)
+            self._durable_at = time.monotonic()
             _RECORDERS.add(self)
             ref = weakref.ref(self)
             atexit.register(lambda: (recorder := ref()) is not None and recorder.flush())
 
         def record(self, **kwargs) -> None:
-            if self.writes:  # the other ranks of the group would write the same rows (and copy to host for it)
-                super().record(**kwargs)
+            if not self.writes:  # the other ranks of the group would write the same rows (and copy to host for it)
+                return
+            super().record(**kwargs)  # a full buffer is flushed in there, through flush() below
+            if self._logits_buffer and time.monotonic() - self._durable_at >= DURABLE_SECONDS:
+                self._save()  # the shard so far, under its final name: SIGKILL-proof, read once
+
+        def flush(self) -> None:
+            """SGLang's flush (the shard `<stem>.<count>.pt`, then the next count), written atomically."""
+            if self._logits_buffer:
+                self._save()
+                self._logits_buffer.clear()
+                self._prefix_mask_buffer.clear()
+                self._shard_ct += 1
+
+        def _save(self) -> None:
+            import torch
+
+            path = Path(f"{self.path_stem}.{self._shard_ct}.pt")  # StsDataRecorder.flush's name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".tmp")  # outside the fit tool's `STEM.*.pt` glob
+            torch.save({"logits": torch.cat(self._logits_buffer, dim=0),
+                        "prefix_mask": torch.cat(self._prefix_mask_buffer, dim=0)}, tmp)
+            os.replace(tmp, path)
+            self._durable_at = time.monotonic()
 
     PerRankStsRecorder.__qualname__ = PerRankStsRecorder.__name__ = "PerRankStsRecorder"
     return PerRankStsRecorder

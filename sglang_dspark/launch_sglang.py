@@ -42,6 +42,7 @@ class Deployment:
     served_model_name: str | None = None
     api_key: str | None = None
     admin_api_key: str | None = None
+    tool_call_parser: str | None = None
     tp: int = 1
     dp: int = 1
     nnodes: int = 1
@@ -150,6 +151,8 @@ def commands(d: Deployment) -> list[NodeCommand]:
             env["SGLANG_DSPARK_SLA_TIER"] = d.tier.name
         if d.sps_learning:
             env["SGLANG_DSPARK_SPS_LEARNING"] = "1"
+            # the learned table lands beside the exported profile, for `profile snapshot --from-dir`
+            env["SGLANG_DSPARK_EXPORT_DIR"] = str(Path(d.sps_path).parent)
     if d.user_plugins:  # an allow-list: keep the user's, add ours and SGLang's own
         names = [n.strip() for n in d.user_plugins.split(",") if n.strip()]
         env["SGLANG_PLUGINS"] = ",".join(dict.fromkeys([*names, "sglang_dspark", *SHIPPED_PLUGINS]))
@@ -168,7 +171,7 @@ def commands(d: Deployment) -> list[NodeCommand]:
             env["SGLANG_DSPARK_GRAPH_TOKENS"] = ",".join(str(bs * (d.gamma + 1)) for bs in sizes)
     for flag, value in (("--context-length", d.max_len), ("--random-seed", d.seed),
                         ("--served-model-name", d.served_model_name), ("--api-key", d.api_key),
-                        ("--admin-api-key", d.admin_api_key)):
+                        ("--admin-api-key", d.admin_api_key), ("--tool-call-parser", d.tool_call_parser)):
         if value is not None:
             argv += [flag, str(value)]
     if d.tp > 1:

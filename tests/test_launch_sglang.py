@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import shlex
 import sys
 
@@ -103,6 +104,12 @@ def test_a_profile_of_another_deployment_shape_is_refused(dirs, capsys):
                       "--dry-run", "--profile", str(dirs / "profile.yaml"), "--tp", "2"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "tp: profile 1, actual 2" in err and "\n" not in err
+
+
+def test_the_tool_call_parser_reaches_sglang(dirs, capsys, server_args):
+    parser, _ = server_args
+    (env, argv), = _dry_run(dirs, capsys, "--mode", "full", "--tool-call-parser", "hermes")
+    assert parser.parse_args(argv).tool_call_parser == "hermes"
 
 
 def test_a_misspelt_flag_fails_the_parse(dirs, capsys, server_args):
@@ -228,3 +235,14 @@ def test_with_a_tier_the_captured_graph_sizes_reach_the_plugin(dirs, capsys, ser
     from sglang_dspark.sglang_plugin.settings import GRAPH_TOKENS_ENV
 
     assert GRAPH_TOKENS_ENV == "SGLANG_DSPARK_GRAPH_TOKENS"  # the name the plugin reads
+
+
+def test_with_learning_the_learned_table_is_written_beside_the_exported_profile(dirs, capsys, server_args):
+    parser, _ = server_args
+    (env, argv), = _dry_run(dirs, capsys, "--profile", str(dirs / "profile.yaml"), "--export-dir", str(dirs / "out"))
+    from sglang_dspark.sglang_plugin.settings import EXPORT_DIR_ENV
+
+    assert env[EXPORT_DIR_ENV] == str(dirs / "out")  # where `profile snapshot --from-dir` reads it
+    assert os.path.dirname(parser.parse_args(argv).speculative_dspark_sps_table_path) == str(dirs / "out")
+    (env, _), = _dry_run(dirs, capsys, "--profile", str(dirs / "profile.yaml"), "--sps-learning", "off")
+    assert EXPORT_DIR_ENV not in env

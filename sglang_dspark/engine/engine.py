@@ -28,6 +28,7 @@ from sglang_dspark.core.calibration import apply_sts
 from sglang_dspark.core.sps import SpsTable
 from sglang_dspark.engine.canary import Canary, Replay, replay_params
 from sglang_dspark.engine.grammar import GrammarState, constrain_ragged, constrain_rows, grammar_draft_sampler
+from sglang_dspark.engine.heap import release_freed_memory
 from sglang_dspark.engine.logprobs import token_logprobs
 from sglang_dspark.engine.model_runner import DecodeRow, ModelRunner
 from sglang_dspark.engine.output import OutputProcessor
@@ -427,6 +428,16 @@ class Engine:
         dspark_force_budget_frac); None hands it back to the planner."""
         self.policy.forced_budget_frac = frac
 
+    def release_idle_memory(self) -> bool:
+        """Nothing runs: the caches' pages and malloc's freed heap go back to the OS (engine/heap.py,
+        kv_cache.release_on_demand); the next requests commit what they touch anew, which costs a
+        page fault per 4 KiB written. False (nothing done) while a request runs or waits."""
+        if not self.idle:
+            return False
+        self.runner.release_pages()
+        release_freed_memory()
+        return True
+
     def flush_cache(self) -> bool:
         """True when nothing runs (there is no prefix cache to drop); False while busy."""
         return self.idle
@@ -441,6 +452,13 @@ class Engine:
                 "architectures": getattr(config, "architectures", None)}
 
     def server_info(self) -> dict:
+        state = {"dspark_info_record": {
+            **self.policy.describe(), "gamma": self.gamma,
+            "sts_temperatures": None if self.sts is None else self.sts.tolist(),
+            "records": self.records.as_dicts()}}
+        accept = self.records.avg_accept_length() if self.gamma else None
+        if accept is not None:  # as SGLang: only with speculation on, once a step ran (bench_serving reads it)
+            state["avg_spec_accept_length"] = accept
         return {
             "model_path": self.model_path,
             "tokenizer_path": self.model_path,
@@ -449,10 +467,7 @@ class Engine:
             "context_length": self.max_len,
             "kv_cache_bytes": self.runner.kv_bytes(),
             "dspark_fingerprint": self.identity,
-            "internal_states": [{"dspark_info_record": {
-                **self.policy.describe(), "gamma": self.gamma,
-                "sts_temperatures": None if self.sts is None else self.sts.tolist(),
-                "records": self.records.as_dicts()}}],
+            "internal_states": [state],
         }
 
 

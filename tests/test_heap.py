@@ -40,18 +40,21 @@ def test_freed_small_tensors_are_returned_to_the_os():
     assert float(held[0][0]) == 1.0
 
 
-def test_the_engine_thread_trims_once_each_time_it_falls_idle(monkeypatch):
+def test_the_engine_thread_releases_memory_once_each_time_it_falls_idle(monkeypatch):
     calls: list[int] = []
     trimmed = threading.Event()
+    inner = tiny_engine("target", max_running=2)
+    release = inner.release_idle_memory
 
-    def fake_release() -> bool:
+    def counted_release() -> bool:
         calls.append(1)
+        done = release()
         trimmed.set()
-        return True
+        return done
 
-    monkeypatch.setattr(async_engine, "release_freed_memory", fake_release)
+    monkeypatch.setattr(inner, "release_idle_memory", counted_release)
     monkeypatch.setattr(async_engine, "IDLE_WAIT_S", 0.01)
-    engine = async_engine.AsyncEngine(tiny_engine("target", max_running=2))
+    engine = async_engine.AsyncEngine(inner)
     engine.start()
     try:
         for round_ in range(2):
@@ -66,3 +69,24 @@ def test_the_engine_thread_trims_once_each_time_it_falls_idle(monkeypatch):
     finally:
         engine.shutdown()
     assert len(calls) == 2
+
+
+@pytest.mark.parametrize("mode", ["target", "full"])
+def test_an_idle_engine_gives_its_cache_pages_back_and_serves_the_same_after(mode):
+    """The target's and the drafter's caches keep the pages the last requests wrote until the engine
+    is idle; then they go back to the OS, and the next requests' greedy output is unchanged."""
+    from engine_fixtures import run_to_completion
+
+    engine = tiny_engine(mode, max_running=2)
+    prompts = [[5, 6, 7, 8] * 20, [9, 10, 11]]
+    params = [SamplingParams(max_tokens=12, temperature=0.0)] * 2
+    first = run_to_completion(engine, prompts, params)
+    kv = engine.runner.cache.kv
+    caches = [kv] + ([engine.runner.draft_cache.k] if mode != "target" else [])
+    assert all(float(c.abs().sum()) > 0 for c in caches)  # written, still committed
+    engine.submit([5, 6], SamplingParams(max_tokens=50), lambda out: None)
+    assert not engine.release_idle_memory()  # a request waits: nothing released
+    engine.abort_all()
+    assert engine.release_idle_memory()
+    assert all(float(c.abs().sum()) == 0 for c in caches)  # dropped pages read as zeros
+    assert run_to_completion(engine, prompts, params) == first

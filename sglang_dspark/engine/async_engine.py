@@ -18,7 +18,6 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from sglang_dspark.engine.engine import Engine
-from sglang_dspark.engine.heap import release_freed_memory
 from sglang_dspark.engine.request import RequestOutput
 from sglang_dspark.engine.sampling import SamplingParams
 
@@ -157,9 +156,8 @@ class AsyncEngine:
             arrived = self._drain(wait=IDLE_WAIT_S if engine.idle else 0.0)
             if engine.idle:
                 engine.update_gauges()  # an abort can empty the engine: the gauges say so at once
-                if not arrived and not trimmed:  # a whole idle wait: return what the last requests freed
-                    release_freed_memory()
-                    trimmed = True
+                if not arrived and not trimmed:  # a whole idle wait: return what the last requests used
+                    trimmed = engine.release_idle_memory()
                 continue
             trimmed = False
             try:

@@ -32,6 +32,10 @@ class KVCache:
     def nbytes(self) -> int:
         return self.kv.numel() * self.kv.element_size()
 
+    def release_pages(self) -> None:
+        """Give every written page back (they read as zeros again); only when no slot holds a request."""
+        release_on_demand(self.kv)
+
 
 def zeros_on_demand(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
     """Zeros whose memory is committed only where written, on a CPU.
@@ -51,4 +55,18 @@ def zeros_on_demand(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch
     if hasattr(mmap, "MADV_NOHUGEPAGE"):  # Linux
         region.madvise(mmap.MADV_NOHUGEPAGE)
     # frombuffer keeps `region` alive as long as the tensor; uint8 then a view: any dtype, bfloat16 too
-    return torch.frombuffer(region, dtype=torch.uint8).view(dtype).view(shape)
+    tensor = torch.frombuffer(region, dtype=torch.uint8).view(dtype).view(shape)
+    tensor._on_demand_region = region  # for release_on_demand
+    return tensor
+
+
+def release_on_demand(tensor: torch.Tensor) -> bool:
+    """Return the pages a `zeros_on_demand` tensor committed to the OS; the tensor reads as zeros
+    again and commits pages anew where it is next written. A cache's slots keep the pages their
+    longest request reached (a slot is reused, not shrunk); an idle engine calls this so that the
+    waves of yesterday's long prompts do not stay resident. False for other tensors (a GPU's)."""
+    region = getattr(tensor, "_on_demand_region", None)
+    if region is None or not hasattr(mmap, "MADV_DONTNEED"):
+        return False
+    region.madvise(mmap.MADV_DONTNEED)  # private anonymous pages: dropped, zero-filled on next touch
+    return True

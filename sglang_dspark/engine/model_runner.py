@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang_dspark.engine.kv_cache import zeros_on_demand
+from sglang_dspark.engine.kv_cache import release_on_demand, zeros_on_demand
 from sglang_dspark.engine.target_model import ForwardOutput, Segment, TargetModel
 
 
@@ -43,6 +43,13 @@ class ModelRunner:
         if self.draft_cache is not None:
             total += self.draft_cache.k.numel() * self.draft_cache.k.element_size() * 2
         return total
+
+    def release_pages(self) -> None:
+        """Both caches' pages back to the OS: only with no request in any slot (their K/V is lost)."""
+        self.cache.release_pages()
+        if self.draft_cache is not None:
+            release_on_demand(self.draft_cache.k)
+            release_on_demand(self.draft_cache.v)
 
     def prefill(self, chunks: list[tuple[int, int, list[int]]], all_logits: bool = False) -> torch.Tensor:
         """Run prompt chunks (slot, start, token ids); logits [len(chunks), V] of each chunk's last

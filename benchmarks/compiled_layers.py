@@ -9,7 +9,9 @@ the eager layer (what the engine runs), interleaved, medians of `--reps`:
 - the compile time (first calls at every step width),
 - the step time at T = 1, 2, 8, 16 new tokens over a 200-token context, R = 1,
 - the largest logit difference from eager, and whether the argmax agrees: the engine's promise is
-  greedy output equal to transformers' token for token, so any difference at all is a cost.
+  greedy output equal to transformers' token for token, so any difference at all is a cost;
+- a third arm, `split_rope`: the layer as it was before q and k shared one rotation (two
+  chunk-and-cat rotate_halfs), to measure that change side by side (its logits must be equal).
 
     python benchmarks/compiled_layers.py [--dtype bfloat16] [--reps 9] [--threads 2]
 """
@@ -20,11 +22,14 @@ import argparse
 import json
 import os
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
+# a cold compile, as on a fresh host: inductor's caches in a directory of this run's own
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="compiled_layers_"))
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 WIDTHS = (1, 2, 8, 16)
@@ -71,7 +76,25 @@ def main() -> None:
         layer_kv[:, b.token_slots, :, b.positions] = kv
         return compiled_out(layer, x, layer._attention(q, layer_kv, b))
 
-    arms = {"eager": eager_forward, "compiled": compiled_forward}
+    def split_rope_forward(layer, x, layer_kv, b):
+        """The layer as it was before q and k shared one rotation: rotate_half by chunk and cat, twice."""
+        T, H, KVH, hd = x.shape[0], layer.num_heads, layer.num_kv_heads, layer.head_dim
+        q, k, v = layer.qkv_proj(layer.attn_norm(x)).split([H * hd, KVH * hd, KVH * hd], dim=-1)
+        q, k, v = q.view(T, H, hd), k.view(T, KVH, hd), v.view(T, KVH, hd)
+        sin = b.signed_sin * sign  # the plain sine table again
+
+        def rope(t):
+            t1, t2 = t.chunk(2, dim=-1)
+            return t * b.cos + torch.cat((-t2, t1), dim=-1) * sin
+
+        q, k = rope(q), rope(k)
+        layer_kv[:, b.token_slots, :, b.positions] = torch.stack((k, v), dim=1)
+        x = x + layer.o_proj(layer._attention(q, layer_kv, b))
+        gate, up = layer.gate_up_proj(layer.mlp_norm(x)).chunk(2, dim=-1)
+        return x + layer.down_proj(F.silu(gate) * up)
+
+    sign = model.rope_sign.to(model.dtype)
+    arms = {"eager": eager_forward, "compiled": compiled_forward, "split_rope": split_rope_forward}
 
     def step(width: int) -> torch.Tensor:
         return model.forward_segments([tm.Segment(0, 200, context[:width])], cache).logits
@@ -95,14 +118,19 @@ def main() -> None:
 
     rows = []
     print(f"first calls (compile): eager {warm_s['eager']:.1f} s, compiled {warm_s['compiled']:.1f} s")
-    print(f"{'T':>3} {'eager ms':>9} {'compiled ms':>12} {'eager/compiled':>15} {'max |dlogit|':>13} {'argmax same':>12}")
+    print(f"{'T':>3} {'eager ms':>9} {'compiled ms':>12} {'eager/compiled':>15} {'max |dlogit|':>13} {'argmax same':>12}"
+          f" {'split-RoPE ms':>14} {'split/eager':>12} {'split == eager':>15}")
     for width in WIDTHS:
-        eager, comp = (statistics.median(times[a, width]) * 1e3 for a in arms)
+        eager, comp, split = (statistics.median(times[a, width]) * 1e3 for a in arms)
         diff = float((logits["eager", width] - logits["compiled", width]).abs().max())
         same = bool((logits["eager", width].argmax(-1) == logits["compiled", width].argmax(-1)).all())
+        split_equal = bool(torch.equal(logits["eager", width], logits["split_rope", width]))
         rows.append({"tokens": width, "eager_ms": round(eager, 2), "compiled_ms": round(comp, 2),
-                     "speedup": round(eager / comp, 3), "max_abs_logit_diff": diff, "argmax_equal": same})
-        print(f"{width:>3} {eager:>9.1f} {comp:>12.1f} {eager / comp:>15.2f} {diff:>13.4f} {str(same):>12}")
+                     "speedup": round(eager / comp, 3), "max_abs_logit_diff": diff, "argmax_equal": same,
+                     "split_rope_ms": round(split, 2), "split_rope_over_eager": round(split / eager, 3),
+                     "split_rope_logits_equal": split_equal})
+        print(f"{width:>3} {eager:>9.1f} {comp:>12.1f} {eager / comp:>15.2f} {diff:>13.4f} {str(same):>12}"
+              f" {split:>14.1f} {split / eager:>12.3f} {str(split_equal):>15}")
     out = {"benchmark": "compiled_layers", "model": args.model, "dtype": args.dtype, "threads": args.threads,
            "reps": args.reps, "compile_s": round(warm_s["compiled"], 1), "rows": rows}
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")

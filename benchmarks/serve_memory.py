@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import sys
 import threading
 import time
@@ -82,6 +83,8 @@ def main() -> int:
 
     from sglang_dspark import zoo
 
+    # a SIGTERM (a timeout) unwinds through the finally below, so the server is stopped with us
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     tokenizer = AutoTokenizer.from_pretrained(zoo.resolve_model(args.model))
     rng = random.Random(args.seed)
     port = free_port()
@@ -95,7 +98,9 @@ def main() -> int:
         per_position = info["kv_cache_bytes"] / (info["max_running_requests"] * info["context_length"])
 
         def point(name: str, peak: float | None = None) -> None:
-            # the server gives memory back once it has been idle a moment: read it once it settled
+            # the server gives memory back once it has been idle a moment (IDLE_WAIT_S, 0.5 s):
+            # read it once that moment has passed and the resident set stopped moving
+            time.sleep(2.0)
             gib, deadline = resident_bytes(proc.pid) / 2**30, time.monotonic() + 10
             while time.monotonic() < deadline:
                 time.sleep(0.5)

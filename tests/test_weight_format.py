@@ -121,9 +121,28 @@ def _fake_timer(speedup: float):
 
 @pytest.mark.parametrize("speedup,expected", [(3.0, "bfloat16"), (1.1, "float32"), (0.5, "float32")])
 def test_auto_takes_bfloat16_only_where_it_timed_clearly_faster(speedup, expected):
-    fmt, why = choose_auto([torch.randn(8, 4)], timer=_fake_timer(speedup))
+    fmt, why = choose_auto([torch.randn(8, 4)], timer=_fake_timer(speedup), native=[])
     assert fmt == expected and f"{speedup:.2f}x" in why
     assert activation_dtype(fmt) == (torch.bfloat16 if expected == "bfloat16" else torch.float32)
+
+
+@pytest.mark.parametrize("speedup,expected", [(1.1, "bfloat16"), (1.0, "bfloat16"), (0.8, "float32")])
+def test_with_native_bfloat16_auto_takes_it_unless_timed_slower(speedup, expected):
+    """A CPU with bfloat16 dot products (avx512_bf16, amx_bf16): a timing that only fails to show
+    1.2x is a busy neighbour, not the CPU; only a slower bfloat16 keeps float32."""
+    fmt, why = choose_auto([torch.randn(8, 4)], timer=_fake_timer(speedup), native=["avx512_bf16"])
+    assert fmt == expected and "avx512_bf16" in why
+
+
+def test_native_bfloat16_flags_are_read_from_cpuinfo(tmp_path):
+    from sglang_dspark.engine.weight_format import native_bf16_flags
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx512f avx512_bf16 avx512_vnni\n\nprocessor\t: 1\n")
+    assert native_bf16_flags(str(info)) == ["avx512_bf16"]
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 amx_bf16_x\n")
+    assert native_bf16_flags(str(info)) == []  # whole flags only
+    assert native_bf16_flags(str(tmp_path / "missing")) == []
 
 
 def test_auto_reads_through_a_busy_neighbour():
@@ -137,7 +156,7 @@ def test_auto_reads_through_a_busy_neighbour():
         calls["n"] += 1
         return 2.0 if calls["n"] % 5 in (1, 2, 3) else 1.0 / 3.0  # three in five bfloat16 timings stalled
 
-    fmt, why = choose_auto([torch.randn(8, 4)], timer=timer)
+    fmt, why = choose_auto([torch.randn(8, 4)], timer=timer, native=[])
     assert fmt == "bfloat16" and "3.00x" in why
 
 

@@ -39,6 +39,22 @@ WEIGHT_FORMATS = ("float32", "bfloat16", "int8")
 FORMAT_CHOICES = ("auto",) + WEIGHT_FORMATS
 # auto takes bfloat16 only when it is clearly faster: a close call keeps the checkpoint's values
 AUTO_MIN_SPEEDUP = 1.2
+# ... unless the CPU has bfloat16 dot-product instructions (AVX512_BF16, AMX): there bfloat16 halves
+# the bytes a step streams and computes natively, and a timing that only fails to show 1.2x is a busy
+# neighbour (under a concurrent test run, 1.2x failed here where an idle host measured 2.2-2.7x):
+# bfloat16 unless timed slower than float32
+NATIVE_BF16_MIN_SPEEDUP = 1.0
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def native_bf16_flags(cpuinfo: str = "/proc/cpuinfo") -> list[str]:
+    """The CPU's bfloat16 dot-product flags (Linux /proc/cpuinfo); [] where unknown."""
+    try:
+        with open(cpuinfo) as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []
+    return [flag for flag in NATIVE_BF16_FLAGS if flag in flags]
 
 
 def activation_dtype(fmt: str) -> torch.dtype:
@@ -126,12 +142,16 @@ def _time_stack(weights: list[torch.Tensor], rows: int, dtype: torch.dtype) -> f
 
 @torch.no_grad()
 def choose_auto(weights: list[torch.Tensor], *, reps: int = 5,
-                timer: Callable[[list[torch.Tensor], int, torch.dtype], float] = _time_stack) -> tuple[str, str]:
+                timer: Callable[[list[torch.Tensor], int, torch.dtype], float] = _time_stack,
+                native: list[str] | None = None) -> tuple[str, str]:
     """(format, reason) for `auto`: every float32 Linear weight of the target in turn (so they stream
     from memory as in a real step) against the same weights in bfloat16, at 1 and 8 rows,
     interleaved, the fastest of `reps` each: a busy neighbour only ever adds time, and on a loaded
     2-core host the medians of 3 once made bfloat16 look slower than float32.
+    bfloat16 from `AUTO_MIN_SPEEDUP`, or from `NATIVE_BF16_MIN_SPEEDUP` where the CPU has native
+    bfloat16 (`native`: its flags, default read from /proc/cpuinfo).
     `timer(weights, rows, dtype)` -> seconds (tests inject one)."""
+    native = native_bf16_flags() if native is None else native
     bf16 = [w.to(torch.bfloat16) for w in weights]
     ratios = []
     for rows in (1, 8):
@@ -142,8 +162,9 @@ def choose_auto(weights: list[torch.Tensor], *, reps: int = 5,
                 if i:  # the first round warms both up
                     times[name].append(seconds)
         ratios.append(min(times["float32"]) / min(times["bfloat16"]))
-    speedup = min(ratios)
-    fmt = "bfloat16" if speedup >= AUTO_MIN_SPEEDUP else "float32"
+    threshold = NATIVE_BF16_MIN_SPEEDUP if native else AUTO_MIN_SPEEDUP
+    fmt = "bfloat16" if min(ratios) >= threshold else "float32"
     reason = (f"bfloat16 Linear layers timed {ratios[0]:.2f}x (1 row) and {ratios[1]:.2f}x (8 rows) float32's speed "
-              f"on this CPU; auto takes bfloat16 from {AUTO_MIN_SPEEDUP:.1f}x")
+              f"on this CPU; " + (f"it has native bfloat16 ({', '.join(native)}), so auto takes bfloat16 unless "
+                                  f"timed slower" if native else f"auto takes bfloat16 from {AUTO_MIN_SPEEDUP:.1f}x"))
     return fmt, reason

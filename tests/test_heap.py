@@ -54,6 +54,7 @@ def test_the_engine_thread_releases_memory_once_each_time_it_falls_idle(monkeypa
 
     monkeypatch.setattr(inner, "release_idle_memory", counted_release)
     monkeypatch.setattr(async_engine, "IDLE_WAIT_S", 0.01)
+    monkeypatch.setattr(async_engine, "IDLE_RELEASE_S", 0.05)
     engine = async_engine.AsyncEngine(inner)
     engine.start()
     try:
@@ -82,11 +83,14 @@ def test_an_idle_engine_gives_its_cache_pages_back_and_serves_the_same_after(mod
     params = [SamplingParams(max_tokens=12, temperature=0.0)] * 2
     first = run_to_completion(engine, prompts, params)
     kv = engine.runner.cache.kv
-    caches = [kv] + ([engine.runner.draft_cache.k] if mode != "target" else [])
+    draft = engine.runner.draft_cache
+    caches = [kv] + ([draft.k, draft.v] if mode != "target" else [])
     assert all(float(c.abs().sum()) > 0 for c in caches)  # written, still committed
     engine.submit([5, 6], SamplingParams(max_tokens=50), lambda out: None)
     assert not engine.release_idle_memory()  # a request waits: nothing released
     engine.abort_all()
     assert engine.release_idle_memory()
     assert all(float(c.abs().sum()) == 0 for c in caches)  # dropped pages read as zeros
+    if draft is not None:  # nor do staged features keep old steps' hidden states alive
+        assert not any(draft._staged) and not any(draft.lengths)
     assert run_to_completion(engine, prompts, params) == first

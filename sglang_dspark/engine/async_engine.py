@@ -25,6 +25,9 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 IDLE_WAIT_S = 0.5  # how long an idle engine thread blocks on the inbox before checking for stop
+# idle this long, the engine gives its caches' pages and freed heap back (Engine.release_idle_memory):
+# long enough that a client pausing between requests does not pay the page faults each time
+IDLE_RELEASE_S = 5.0
 
 
 class AsyncEngine:
@@ -152,14 +155,17 @@ class AsyncEngine:
     def _loop(self) -> None:
         engine = self.engine
         trimmed = True  # nothing freed since start-up's own trim
+        idle_since = time.monotonic()
         while not self._stop.is_set():
             arrived = self._drain(wait=IDLE_WAIT_S if engine.idle else 0.0)
             if engine.idle:
                 engine.update_gauges()  # an abort can empty the engine: the gauges say so at once
-                if not arrived and not trimmed:  # a whole idle wait: return what the last requests used
-                    trimmed = engine.release_idle_memory()
+                if arrived:
+                    idle_since = time.monotonic()
+                elif not trimmed and time.monotonic() - idle_since >= IDLE_RELEASE_S:
+                    trimmed = engine.release_idle_memory()  # what the last requests used goes back
                 continue
-            trimmed = False
+            trimmed, idle_since = False, time.monotonic()
             try:
                 engine.step()
             except Exception:  # a failed step must not strand clients: end its requests loudly

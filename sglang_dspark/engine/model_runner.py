@@ -48,6 +48,8 @@ class ModelRunner:
         """Both caches' pages back to the OS: only with no request in any slot (their K/V is lost)."""
         self.cache.release_pages()
         if self.draft_cache is not None:
+            for slot in range(len(self.draft_cache.lengths)):
+                self.draft_cache.truncate(slot, 0)  # staged features pin their steps' hidden states
             release_on_demand(self.draft_cache.k)
             release_on_demand(self.draft_cache.v)
 

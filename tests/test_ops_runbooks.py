@@ -96,6 +96,8 @@ RULES = [
     Rule("mkdir -p evidence && cp -r ", "run"),
     Rule('curl -s "$PROM/api/v1/query" ', "promql", "needs a Prometheus server scraping a fleet"),
     Rule("curl -s http://127.0.0.1:9090/api/v1/query ", "promql", "needs a Prometheus server scraping a fleet"),
+    Rule('curl -s "$HOST/metrics" | grep -E \'^sglang_dspark_plugin_active', "live",
+         "an SGLang replica's gauge: the reference server runs no plugin, so the grep finds nothing there"),
     Rule('curl -s "$HOST/', "live", "needs a running replica", tiny=""),
 ]
 

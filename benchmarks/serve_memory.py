@@ -40,6 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the slow tests' server helpers: free port, start, stop
 from server_processes import free_port, start_reference_server, stop  # noqa: E402
 
+from sglang_dspark.engine.async_engine import IDLE_RELEASE_S  # noqa: E402
+
 WORDS = ("river stone quiet lamp orange window seven garden letter music silver ocean paper table "
          "morning forest candle bridge winter yellow engine market").split()
 
@@ -98,9 +100,9 @@ def main() -> int:
         per_position = info["kv_cache_bytes"] / (info["max_running_requests"] * info["context_length"])
 
         def point(name: str, peak: float | None = None) -> None:
-            # the server gives memory back once it has been idle a moment (IDLE_WAIT_S, 0.5 s):
-            # read it once that moment has passed and the resident set stopped moving
-            time.sleep(2.0)
+            # the server gives memory back once it has been idle IDLE_RELEASE_S: read it once that
+            # has passed and the resident set stopped moving
+            time.sleep(IDLE_RELEASE_S + 2.0)
             gib, deadline = resident_bytes(proc.pid) / 2**30, time.monotonic() + 10
             while time.monotonic() < deadline:
                 time.sleep(0.5)

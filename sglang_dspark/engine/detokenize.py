@@ -9,15 +9,15 @@ from __future__ import annotations
 
 
 class Detokenizer:
-    def __init__(self, tokenizer, stop: tuple[str, ...]):
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer, stop: tuple[str, ...], skip_special_tokens: bool = True):
+        self.tokenizer, self.skip_special_tokens = tokenizer, skip_special_tokens
         self.stop = tuple(s for s in stop if s)
         self.holdback = max((len(s) for s in self.stop), default=1) - 1
         self.sent = 0  # characters already released
 
     def update(self, output_ids: list[int], final: bool) -> tuple[str, bool]:
         """New settled text, and whether a stop string was hit (the text is cut before it)."""
-        text = self.tokenizer.decode(output_ids, skip_special_tokens=True)
+        text = self.tokenizer.decode(output_ids, skip_special_tokens=self.skip_special_tokens)
         hit = False
         if self.stop:
             cut = min((i for i in (text.find(s, max(0, self.sent - self.holdback)) for s in self.stop) if i >= 0), default=-1)

@@ -25,7 +25,8 @@ class OutputProcessor:
                 reason = "length"
                 break
         req.tokens.extend(kept)
-        detok = self._detok.get(req.id) or self._detok.setdefault(req.id, Detokenizer(self.tokenizer, req.params.stop))
+        detok = self._detok.get(req.id) or self._detok.setdefault(
+            req.id, Detokenizer(self.tokenizer, req.params.stop, req.params.skip_special_tokens))
         text, hit = detok.update(req.output_ids, final=reason is not None)
         if hit:
             reason = "stop"

@@ -40,7 +40,9 @@ class StepRecords:
         self.emitted += record.bs + record.accepted_drafts  # each request's bonus token and its accepted drafts
 
     def avg_accept_length(self) -> float | None:
-        """SGLang's avg_spec_accept_length: committed tokens per request per decode step, since start."""
+        """SGLang's avg_spec_accept_length: committed tokens per request per decode step, since start.
+        A step that verified no drafts counts as 1 per request, as SGLang counts a DSpark step whose
+        budget is 0 (it still runs the verify forward)."""
         return self.emitted / self.request_steps if self.request_steps else None
 
     def clear(self) -> None:

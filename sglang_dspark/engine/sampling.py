@@ -33,6 +33,9 @@ class SamplingParams:
     top_logprobs: int = 0  # and its this many most likely alternatives (OpenAI allows up to 20)
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), ids distinct
     prompt_logprobs: bool = False  # also the target's logprob of every prompt token (echo)
+    # False keeps special tokens in the text (as SGLang does when tools are given: call markers
+    # such as mistral's [TOOL_CALLS] are special tokens, and the call parser must see them)
+    skip_special_tokens: bool = True
     grammar: object | None = field(default=None, compare=False, repr=False)  # xgrammar CompiledGrammar
 
     def __post_init__(self) -> None:

@@ -52,7 +52,6 @@ NEUTRAL = {
     "return_hidden_states": _none_or(False),
     "sampling_seed": _none_or(),
     "rid": _none_or(),
-    "skip_special_tokens": _none_or(True),
     "spaces_between_special_tokens": _none_or(True),
     "no_stop_trim": _none_or(False),
     "stop_token_ids": lambda v: not v,

@@ -79,6 +79,15 @@ def echo_only(body: _Sampling) -> bool:
     return isinstance(body, CompletionRequest) and body.echo and body.max_tokens == 0
 
 
+def _skip_special_tokens(body: _Sampling) -> bool:
+    """SGLang's rule: special tokens are dropped from the text unless the client says otherwise,
+    and always kept when the model may call a tool (call markers such as mistral's [TOOL_CALLS] or
+    llama 3's <|python_tag|> are special tokens, and the call parser must see them)."""
+    if isinstance(body, ChatCompletionRequest) and body.tools and body.tool_choice != "none":
+        return False
+    return True if body.skip_special_tokens is None else body.skip_special_tokens
+
+
 def openai_params(body: _Sampling, room: int, vocab_size: int, grammar=None) -> SamplingParams:
     check_extra_fields(body.model_extra)
     max_tokens = body.max_tokens
@@ -102,6 +111,7 @@ def openai_params(body: _Sampling, room: int, vocab_size: int, grammar=None) -> 
         stop=_stop(body.stop, "stop"),
         seed=body.seed,
         ignore_eos=body.ignore_eos,
+        skip_special_tokens=_skip_special_tokens(body),
     )
 
 
@@ -124,6 +134,7 @@ def generate_params(body: GenerateRequest, prompt_len: int, room: int, grammar=N
         stop=_stop(sp.stop, "stop"),
         seed=sp.seed,
         ignore_eos=sp.ignore_eos,
+        skip_special_tokens=sp.skip_special_tokens,
     )
 
 

@@ -29,6 +29,7 @@ class _Sampling(BaseModel):
     seed: StrictInt | None = None
     n: StrictInt | None = None
     ignore_eos: StrictBool = False  # SGLang extension
+    skip_special_tokens: StrictBool | None = None  # SGLang extension; None: true, or false with tools
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[StrictStr, Float] | None = None  # token id (as a string) -> added to its logit
@@ -107,6 +108,7 @@ class GenerateSamplingParams(BaseModel):
     stop: Stop = None
     seed: StrictInt | None = None
     ignore_eos: StrictBool = False
+    skip_special_tokens: StrictBool = True
     json_schema: StrictStr | None = None  # SGLang's grammars: a JSON schema as text, a regex, an EBNF
     regex: StrictStr | None = None
     ebnf: StrictStr | None = None

@@ -162,3 +162,18 @@ def test_batch_sizes_that_vary_within_a_bucket_do_not_restart_the_probe_ladder()
     assert len(probes) >= 8 and probes[0].capacity == 1
     assert all(p.capacity == 0 for p in probes[1:])  # budget 1 measured once, not once per R
     assert sum(p.draft for p in plans[300:]) <= 300 // 64 + 1
+
+
+def test_the_exploration_question_is_answered_once_per_batch_size_not_on_every_plain_step(monkeypatch):
+    """Whether a bucket still needs exploring scans the learner's samples (about 1 ms): it is asked
+    again only when the batch size or the bucket's drafted steps change, not on each plain step of
+    a probe interval. A drafter that never survives: the probes back off to `probe_max`, and the
+    question is asked about once per probe, not once per undrafted step."""
+    policy = SpeculationPolicy("scheduled", GAMMA, None, learn=True, probe_every=8, probe_max=64)
+    calls = []
+    original = SpeculationPolicy._probe_budget
+    monkeypatch.setattr(SpeculationPolicy, "_probe_budget", lambda self, ids: calls.append(len(ids)) or original(self, ids))
+    plans, _ = run(policy, 400, num=4)
+    probes = sum(p.probe for p in plans)
+    assert probes >= 4 and policy._probe_interval == 64  # backed off: exploration said no budget pays
+    assert len(calls) <= 2 * probes + 2, (len(calls), probes)

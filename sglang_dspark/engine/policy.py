@@ -85,6 +85,8 @@ class SpeculationPolicy:
         self.probes = self.steps = 0
         self._undrafted_steps = 0
         self._probe_interval = probe_every
+        self._explore_key: tuple[int, int] | None = None  # (batch size, drafted steps) _explore_pays is for
+        self._explore_pays = False
         self._last_decode_end: float | None = None  # SLA mode: the gap between decode steps
         self._step_ratios: deque[float] = deque(maxlen=64)  # measured / predicted step time
         self._errors: deque[float] = deque(maxlen=100)  # |predicted - measured| / measured
@@ -128,13 +130,10 @@ class SpeculationPolicy:
         return self._probe_or_skip(request_ids)
 
     def _probe_or_skip(self, request_ids: Sequence[str]) -> DraftPlan:
-        num = len(request_ids)
         # a bucket is explored quickly only while a probe there could still measure a budget that
         # pays; once its prices say none can, probes only refresh confidences, at the doubling interval
-        exploring = (self.learner is not None and self.learner.drafted_in_bucket(bucket(num)) < self.explore_until
-                     and self._probe_budget(request_ids) > 0)
-        if exploring:
-            self._probe_interval = min(self._probe_interval, self.probe_every)
+        if self._probe_interval > self.probe_every and self._exploring(request_ids):
+            self._probe_interval = self.probe_every
         if self._undrafted_steps < self._probe_interval:
             self._undrafted_steps += 1
             return NO_DRAFT
@@ -142,6 +141,18 @@ class SpeculationPolicy:
         self._probe_interval = min(2 * self._probe_interval, self.probe_max)
         self.probes += 1
         return DraftPlan(capacity=self._probe_budget(request_ids), draft=True, probe=True)
+
+    def _exploring(self, request_ids: Sequence[str]) -> bool:
+        """The batch size's bucket has fewer than `explore_until` drafted steps and a probe there
+        could measure a budget that pays. Decided once per batch size and drafted-step count: the
+        answer's scan of up to 2048 samples (`_probe_budget`) cost about 1 ms, on every plain step."""
+        num = len(request_ids)
+        drafted = self.learner.drafted_in_bucket(bucket(num)) if self.learner is not None else self.explore_until
+        if drafted >= self.explore_until:
+            return False
+        if self._explore_key != (num, drafted):
+            self._explore_key, self._explore_pays = (num, drafted), self._probe_budget(request_ids) > 0
+        return self._explore_pays
 
     def _probe_budget(self, request_ids: Sequence[str]) -> int:
         """The smallest budget of 1, 2, 4, ... R * gamma with no drafted step on record at this

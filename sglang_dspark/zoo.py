@@ -14,6 +14,7 @@ target it was trained for by content hash (`dir_sha256`), so `--model DIR` finds
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -76,6 +77,17 @@ def fetch(name: str, out_dir: str | os.PathLike) -> bool:
     out = Path(out_dir)
     if (out / _DONE_MARKER).is_file():
         return False
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # two launches (or test workers) materialising at once: one converts, the other waits for it
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (out / _DONE_MARKER).is_file():
+            return False
+        _convert(name, out)
+    return True
+
+
+def _convert(name: str, out: Path) -> None:
     gguf_path = locate_packaged_file(ZOO[name])
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -96,7 +108,6 @@ def fetch(name: str, out_dir: str | os.PathLike) -> bool:
     fresh.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     (out / _DONE_MARKER).write_text(f"{name} from {gguf_path}\n")
-    return True
 
 
 def resolve_model(model: str, cache_dir: str | os.PathLike = DEFAULT_CACHE, *, materialise: bool = True) -> str:

@@ -15,19 +15,30 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from forked_python import ForkedPython
 
 pytestmark = pytest.mark.sglang
 
 PLANNER = "sglang.srt.speculative.dspark_components.dspark_planner"
 
 
-def _python(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+# What a fresh interpreter imports before each check below: SGLang's plugin loader and the modules
+# the plugin hooks (nothing is patched until a check calls load_plugins).
+FRESH_IMPORTS = ["sglang.srt.plugins", PLANNER, "sglang.srt.speculative.dspark_components.dspark_observability",
+                 "sglang.srt.speculative.dspark_components.dspark_sts", "sglang.srt.managers.scheduler",
+                 "sglang.srt.runtime_context"]
 
 
-def test_load_plugins_discovers_the_entry_point_and_every_target_is_our_hook():
-    out = _python("""
+@pytest.fixture(scope="module")
+def fresh_python():
+    """Runs a check in a new interpreter with FRESH_IMPORTS done (forked from one that did them once)."""
+    forked = ForkedPython(FRESH_IMPORTS, env={"HF_HUB_OFFLINE": "1"})
+    yield forked.run
+    forked.close()
+
+
+def test_load_plugins_discovers_the_entry_point_and_every_target_is_our_hook(fresh_python):
+    out = fresh_python("""
         import inspect, json, pkgutil
         from sglang.srt.plugins import load_plugins
         load_plugins()
@@ -47,8 +58,8 @@ def test_load_plugins_discovers_the_entry_point_and_every_target_is_our_hook():
     assert len(result) == 7 and all(result.values()), result
 
 
-def test_a_missing_target_registers_nothing_and_leaves_sglang_untouched():
-    out = _python("""
+def test_a_missing_target_registers_nothing_and_leaves_sglang_untouched(fresh_python):
+    out = fresh_python("""
         import logging
         logging.basicConfig(level=logging.WARNING)
         import sglang.srt.speculative.dspark_components.dspark_observability as O
@@ -188,8 +199,8 @@ def test_our_synthetic_call_uses_sglangs_exact_keywords():
     assert keyword_only == set(_observe_kwargs(3, 7))
 
 
-def test_observer_metrics_appear_on_sglangs_own_metrics_endpoint(tmp_path):
-    out = _python("""
+def test_observer_metrics_appear_on_sglangs_own_metrics_endpoint(fresh_python, tmp_path):
+    out = fresh_python("""
         import json, sys, time
         sys.path.insert(0, "tests")
         from types import SimpleNamespace

@@ -35,3 +35,31 @@ def test_help_documents_every_flag(capsys):
         zoo.main(["fetch", "--help"])
     text = capsys.readouterr().out
     assert "--out" in text and "smollm2-135m-instruct" in text and "no-op" in text
+
+
+def test_two_fetches_at_once_convert_once(tmp_path, monkeypatch):
+    """Two launches (or test workers) materialising the same model: the second waits on the first's
+    lock and finds the model done, instead of writing the same files alongside it."""
+    import threading
+
+    entered, release, calls = threading.Event(), threading.Event(), []
+
+    def convert(name, out):
+        calls.append(name)
+        entered.set()
+        release.wait(30)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / zoo._DONE_MARKER).write_text("done\n")
+
+    monkeypatch.setattr(zoo, "_convert", convert)
+    results = []
+    first = threading.Thread(target=lambda: results.append(zoo.fetch("smollm2-135m-instruct", tmp_path / "m")))
+    second = threading.Thread(target=lambda: results.append(zoo.fetch("smollm2-135m-instruct", tmp_path / "m")))
+    first.start()
+    assert entered.wait(30)
+    second.start()
+    second.join(0.5)  # without the lock it would be converting too by now (then both would finish)
+    release.set()
+    first.join(30)
+    second.join(30)
+    assert calls == ["smollm2-135m-instruct"] and sorted(results) == [False, True]

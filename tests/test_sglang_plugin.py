@@ -55,7 +55,7 @@ def test_load_plugins_discovers_the_entry_point_and_every_target_is_our_hook(fre
     """)
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert len(result) == 7 and all(result.values()), result
+    assert len(result) == 8 and all(result.values()), result
 
 
 def test_a_missing_target_registers_nothing_and_leaves_sglang_untouched(fresh_python):

@@ -55,7 +55,8 @@ def hooks() -> tuple[tuple[str, object, str], ...]:
         (targets.PREFILL_STEP, observer.after_prefill_step, "AFTER"),
         (targets.REQUEST_FINISHED, observer.after_request_finished, "AFTER"),
         (targets.OBSERVERS_INIT, observer.after_observers_init, "AFTER"),
-        (targets.SCHEDULER_SHUTDOWN, sts.flush_all, "AFTER"),
+        (targets.SCHEDULER_SHUTDOWN, observer.after_scheduler_shutdown, "AFTER"),
+        (targets.SCHEDULER_ABORT, observer.after_abort_request, "AFTER"),
         (targets.STS_RECORDER, recorder, "REPLACE"),
     )
 

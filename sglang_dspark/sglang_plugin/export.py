@@ -45,12 +45,19 @@ class Exporter:
         self.last: float | None = None
 
     def maybe_write(self, table, samples, steps: int) -> bool:
-        if table is None or not any(s.drafted for s in samples):
-            return False  # a table that never saw a drafted step prices drafting as prohibitive
+        """`write` when EXPORT_SECONDS have passed since the last write (or there was none)."""
         now = self.clock()
         if self.last is not None and now - self.last < self.every:
             return False
+        if not self.write(table, samples, steps):
+            return False
         self.last = now
+        return True
+
+    def write(self, table, samples, steps: int) -> bool:
+        """Write the record now (the scheduler's shutdown); False when there is nothing worth keeping."""
+        if table is None or not any(s.drafted for s in samples):
+            return False  # a table that never saw a drafted step prices drafting as prohibitive
         sps = table.table.model_dump(mode="json")
         sps["draft_skip_seconds"] = table.draft_skip_seconds
         record = {"kind": KIND, **self.meta, "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -24,6 +24,7 @@ import select
 import socket
 import subprocess
 import sys
+import time
 import traceback
 from multiprocessing.connection import Connection
 
@@ -32,6 +33,9 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 _THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+# A refit takes 25-60 ms (beside a busy scheduler, a few hundred): one not back after this long is a
+# hung worker, killed, and the refits move to the fallback thread instead of stopping for good.
+FIT_DEADLINE_S = 30.0
 
 
 def _encode(samples) -> np.ndarray:
@@ -50,7 +54,9 @@ class FitWorker:
     """The parent's handle. `submit` and `poll` never block on the child; any failure of the child
     (exit, crash, a broken socket) sets `dead` and is logged once, and the caller fits on its own."""
 
-    def __init__(self, learner, export: tuple | None = None):  # export: export.Exporter's arguments
+    def __init__(self, learner, export: tuple | None = None, *, deadline: float = FIT_DEADLINE_S,
+                 clock=time.monotonic):  # export: export.Exporter's arguments
+        self.deadline, self.clock, self._submitted_at = deadline, clock, 0.0
         parent, child = socket.socketpair()
         env = {**os.environ, **{k: "1" for k in _THREAD_ENV}}
         try:
@@ -81,6 +87,7 @@ class FitWorker:
         """Hand a snapshot over; False (nothing sent) unless `available`."""
         if not self.available:
             return False
+        self._submitted_at = self.clock()
         self.busy = self._send(("fit", _encode(samples), steps))
         return self.busy
 
@@ -101,6 +108,9 @@ class FitWorker:
                 return message
         except Exception as exc:  # noqa: BLE001 - EOF, a reset socket, a garbled message: never the scheduler's
             self._die(exc)
+            return None
+        if self.busy and self.clock() - self._submitted_at > self.deadline:
+            self._die(TimeoutError(f"no fit back {self.deadline:g} s after it was handed over"))
         return None
 
     def wait_ready(self, timeout: float) -> bool:
@@ -109,9 +119,16 @@ class FitWorker:
             self.poll(timeout)
         return self.ready and not self.dead
 
-    def close(self) -> None:
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the child and reap it: EOF on its socket ends it; one still running after `timeout`
+        (a fit that hangs) is killed."""
         self.dead = True
         self.conn.close()  # the child reads EOF and exits
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout)
 
     def _send(self, message) -> bool:
         try:
@@ -125,6 +142,12 @@ class FitWorker:
         if not self.dead:
             self.dead = True
             code = self.proc.poll()
+            if code is None:  # hung, or its socket broke while it runs: it must not linger
+                self.proc.kill()
+                try:
+                    self.proc.wait(1.0)  # SIGKILL: reaped within milliseconds
+                except subprocess.TimeoutExpired:
+                    pass
             logger.error("online SPS fit worker (pid %d) is gone (%s: %s; exit code %s): refits run on a "
                          "thread of the scheduler process from now on", self.proc.pid, type(exc).__name__, exc, code)
             self.conn.close()

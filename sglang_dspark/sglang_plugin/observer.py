@@ -91,6 +91,8 @@ class StepObserver:
         self.pending: list[tuple[_Staged, dict]] = []  # staged steps whose copies have not landed
         self.requests: dict[str, list[float]] = {}  # rid -> [first seen, tokens, last seen]
         self.finished: set[str] = set()  # rids SGLang reported finished, outcome due once no step holds them
+        self.aborted: dict[str, float] = {}  # rid prefixes SGLang was asked to abort -> when (no SLA outcome)
+        self.aborted_all_at: float | None = None  # the last abort_all: requests seen before it get no outcome
         self._refit: Future | None = None  # a refit on the fallback thread
         self._fitter: ThreadPoolExecutor | None = None
         self.worker = None  # fitter.FitWorker: where refits run while it lives
@@ -205,6 +207,39 @@ class StepObserver:
     def note_finished(self, rid: str) -> None:
         self.finished.add(rid)
 
+    def note_aborted(self, rid: str, abort_all: bool) -> None:
+        """SGLang's Scheduler.abort_request ends every request whose rid starts with `rid` (all of
+        them with `abort_all`): a client that left, not a speed the tier promised, as the reference
+        engine counts it (an aborted request gets no SLA outcome)."""
+        now = time.perf_counter()
+        if abort_all:
+            self.aborted_all_at = now
+        else:
+            self.aborted[rid] = now
+            if len(self.aborted) > 1024:  # prefixes of requests long gone
+                self.aborted = {r: t for r, t in self.aborted.items() if now - t <= STALE_SECONDS}
+
+    def _was_aborted(self, rid: str, first_seen: float) -> bool:
+        if self.aborted_all_at is not None and self.aborted_all_at >= first_seen:
+            return True
+        return bool(self.aborted) and any(rid.startswith(prefix) for prefix in self.aborted)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """At the scheduler's shutdown: adopt a refit in flight, write the learned table now (not
+        up to EXPORT_SECONDS late), and stop the fit worker, waited for (no process left behind)."""
+        if self.learner is None:
+            return
+        try:
+            self.settle(timeout)
+        except Exception:  # noqa: BLE001 - a failed last fit keeps the table in use
+            logger.exception("online SPS refit at shutdown failed; exporting the current table")
+        if self.worker is not None:
+            self.worker.close(timeout)
+        if self.export is not None and self.learned is not None:
+            from sglang_dspark.sglang_plugin.export import Exporter
+
+            Exporter(*self.export).write(self.learned.ours, self.learner.snapshot(), self.learner.steps)
+
     def _track_requests(self, info: dict, commit) -> None:
         """Per-user speed, (tokens - 1) / (last - first) over the decode steps a request was in,
         once SGLang reports it finished (note_request_finished) and no later step holds it: a request
@@ -219,7 +254,8 @@ class StepObserver:
         for rid in [r for r in self.requests if r not in seen and (r in self.finished or
                                                                    now - self.requests[r][2] > STALE_SECONDS)]:
             first, tokens, last = self.requests.pop(rid)
-            if rid in self.finished and tier is not None and tokens >= REQUEST_SPEED_MIN_TOKENS and last > first:
+            if (rid in self.finished and tier is not None and tokens >= REQUEST_SPEED_MIN_TOKENS and last > first
+                    and not self._was_aborted(rid, first)):
                 met = (tokens - 1) / (last - first) >= tier.tok_s_per_user
                 self.metrics.sla_requests.labels(outcome="met" if met else "missed").inc()
             self.finished.discard(rid)
@@ -356,6 +392,21 @@ def after_prefill_step(result, observers) -> None:
 def after_request_finished(result, observers, *, rid: str, natural_stop: bool) -> None:
     """AFTER DsparkStepObservers.note_request_finished: the request is done (not retracted)."""
     observer().note_finished(rid)
+
+
+def after_abort_request(result, scheduler, recv_req, *args, **kwargs) -> None:
+    """AFTER Scheduler.abort_request(AbortReq): those requests end without an SLA outcome."""
+    observer().note_aborted(recv_req.rid or "", bool(getattr(recv_req, "abort_all", False)))
+
+
+def after_scheduler_shutdown(*_args, **_kwargs) -> None:
+    """AFTER Scheduler.release_host_resources: the STS recorders' last partial shards, the learned
+    table's file, and the fit worker's exit."""
+    from sglang_dspark.sglang_plugin import sts
+
+    sts.flush_all()
+    if _OBSERVER is not None:
+        _OBSERVER.shutdown()
 
 
 def after_observers_init(result, observers, *args, **kwargs) -> None:

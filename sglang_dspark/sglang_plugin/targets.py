@@ -18,10 +18,13 @@ PREFILL_STEP = f"{O}.DsparkStepObservers.note_prefill_step"  # AFTER: no decode-
 REQUEST_FINISHED = f"{O}.DsparkStepObservers.note_request_finished"  # AFTER: per-user speed at a real finish
 OBSERVERS_INIT = f"{O}.DsparkStepObservers.__init__"  # AFTER: settings read at start; STS refused in compact
 STS_RECORDER = f"{S}.StsDataRecorder"  # REPLACE (class): per-rank files, final flush
-SCHEDULER_SHUTDOWN = "sglang.srt.managers.scheduler.Scheduler.release_host_resources"  # AFTER: flush STS
+SCHEDULER_SHUTDOWN = "sglang.srt.managers.scheduler.Scheduler.release_host_resources"  # AFTER: flush STS,
+# write the learned table, stop the fit worker
+SCHEDULER_ABORT = "sglang.srt.managers.scheduler.Scheduler.abort_request"  # AFTER: aborted requests get no SLA outcome
 PARALLEL = "sglang.srt.runtime_context.get_parallel"  # read inside hooks only (unpublished at register)
 SCHEDULE = "sglang.srt.runtime_context.get_schedule"  # disable_overlap_schedule: which step an interval times
 ADDITIVE_TABLE = "sglang.srt.speculative.dspark_components.dspark_sps.SpsAdditiveCostTable"  # the learned table
 
-HOOKED = (PLANNER, OBSERVE_STEP, PREFILL_STEP, REQUEST_FINISHED, OBSERVERS_INIT, STS_RECORDER, SCHEDULER_SHUTDOWN)
+HOOKED = (PLANNER, OBSERVE_STEP, PREFILL_STEP, REQUEST_FINISHED, OBSERVERS_INIT, STS_RECORDER, SCHEDULER_SHUTDOWN,
+          SCHEDULER_ABORT)
 READ = (BUDGET_DECISION, PARALLEL, SCHEDULE, ADDITIVE_TABLE)

@@ -1,0 +1,96 @@
+"""The fit worker's end of life and the scheduler's shutdown: a worker that hangs is killed at its
+deadline (refits move to the fallback thread instead of stopping for good), `close` reaps the
+child (no zombie, a hung one killed), and at Scheduler.release_host_resources the learned table is
+written at once (not up to EXPORT_SECONDS late) and the worker is gone."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+from test_sglang_plugin import (  # noqa: F401 - plugin_env is a fixture
+    _Clock,
+    _learning_run,
+    _profile_with_tier,
+    _synchronous_worker,
+    plugin_env,
+)
+
+pytestmark = pytest.mark.sglang
+
+
+def _samples(n: int = 32):
+    from sglang_dspark.core.sps_online import StepSample
+
+    return [StepSample(1 + i % 3, 4 + i % 5, i % 2 == 0, 0.01 + 0.001 * i, i) for i in range(n)]
+
+
+@pytest.fixture
+def worker_factory():
+    from sglang_dspark.core.sps_online import OnlineSpsEstimator
+    from sglang_dspark.sglang_plugin.fitter import FitWorker
+
+    made = []
+
+    def make(**kwargs) -> FitWorker:
+        made.append(FitWorker(OnlineSpsEstimator(), **kwargs))
+        assert made[-1].wait_ready(120), "the fit worker did not start"
+        return made[-1]
+
+    yield make
+    for worker in made:  # leave no process behind a failed assertion
+        if worker.proc.poll() is None:
+            worker.proc.kill()
+            worker.proc.wait(30)
+
+
+def test_a_hung_fit_is_killed_at_the_deadline_and_the_worker_reaped(worker_factory, caplog):
+    clock = _Clock()
+    worker = worker_factory(deadline=30.0, clock=clock)
+    os.kill(worker.pid, signal.SIGSTOP)  # a fit that never comes back
+    assert worker.submit(_samples(), 32) and worker.busy
+    clock.now += 29.0
+    assert worker.poll() is None and not worker.dead  # still within its deadline
+    clock.now += 2.0
+    with caplog.at_level("ERROR", logger="sglang_dspark.sglang_plugin.fitter"):
+        assert worker.poll() is None
+    assert worker.dead and not worker.available
+    assert worker.proc.returncode == -signal.SIGKILL  # killed and reaped, not left stopped
+    assert any("no fit back 30 s after" in r.getMessage() for r in caplog.records)
+
+
+def test_close_reaps_the_child_and_kills_one_that_hangs(worker_factory):
+    worker = worker_factory()
+    worker.close()
+    assert worker.proc.returncode == 0  # it read EOF and exited; waited for, so no zombie
+    hung = worker_factory()
+    os.kill(hung.pid, signal.SIGSTOP)
+    hung.close(timeout=1.0)
+    assert hung.proc.returncode == -signal.SIGKILL
+
+
+def test_shutdown_writes_the_learned_table_now_and_stops_the_worker(plugin_env, tmp_path, monkeypatch):  # noqa: F811
+    from sglang_dspark.sglang_plugin import export, observer
+
+    _, path = _profile_with_tier(tmp_path)
+    plugin_env(SGLANG_DSPARK_PROFILE=str(path), SGLANG_DSPARK_SPS_LEARNING="1",
+               SGLANG_DSPARK_EXPORT_DIR=str(tmp_path / "export"))
+    monkeypatch.setattr(export, "EXPORT_SECONDS", 1e9)  # only the first refit writes on its own
+    keep_open = []
+
+    def ready(obs):
+        _synchronous_worker(monkeypatch)(obs)
+        monkeypatch.setattr(obs.worker, "close", lambda *a, **k: keep_open.append(obs.worker))  # shutdown closes it
+
+    seen = _learning_run(monkeypatch, attn_tp_size=1, before=ready)
+    obs, learned = seen["observer"], tmp_path / "export" / "learned-sps.dp0.json"
+    worker = keep_open[0]
+    monkeypatch.delattr(worker, "close")  # the worker's own close again
+    early = json.loads(learned.read_text())["steps"]
+    assert early < obs.learner.steps  # written at the first refit, stale since
+    observer.after_scheduler_shutdown(None, None)
+    record = json.loads(learned.read_text())
+    assert record["steps"] == obs.learner.steps and record["sps_drafted_samples"] > 0
+    assert worker.dead and worker.proc.returncode == 0  # exited and reaped

@@ -148,6 +148,10 @@ MUTANTS = [
            "        try:\n            self.proc.wait(timeout)\n        except subprocess.TimeoutExpired:\n"
            "            self.proc.kill()\n            self.proc.wait(timeout)\n", "",
            (T + "test_sglang_fit_worker_lifecycle.py",)),
+    Mutant("fit worker: no parent check (a fork holds its socket)", "sglang_dspark/sglang_plugin/fitter.py",
+           "            if os.getppid() != parent:", "            if False:",
+           (T + "test_sglang_fit_worker_lifecycle.py::"
+            "test_the_fit_worker_dies_with_its_scheduler_even_when_a_fork_of_it_holds_the_socket",)),
     Mutant("shutdown does not write the learned table", "sglang_dspark/sglang_plugin/observer.py",
            "            Exporter(*self.export).write(self.learned.ours, self.learner.snapshot(), self.learner.steps)",
            "            pass", (T + "test_sglang_fit_worker_lifecycle.py",)),

@@ -1,13 +1,18 @@
 """The fit worker's end of life and the scheduler's shutdown: a worker that hangs is killed at its
 deadline (refits move to the fallback thread instead of stopping for good), `close` reaps the
 child (no zombie, a hung one killed), and at Scheduler.release_host_resources the learned table is
-written at once (not up to EXPORT_SECONDS late) and the worker is gone."""
+written at once (not up to EXPORT_SECONDS late) and the worker is gone; a worker whose scheduler
+died goes too, even when a process forked from the scheduler holds its socket."""
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import signal
+import subprocess
+import sys
+import textwrap
 
 import pytest
 from test_sglang_plugin import (  # noqa: F401 - plugin_env is a fixture
@@ -94,3 +99,35 @@ def test_shutdown_writes_the_learned_table_now_and_stops_the_worker(plugin_env, 
     record = json.loads(learned.read_text())
     assert record["steps"] == obs.learner.steps and record["sps_drafted_samples"] > 0
     assert worker.dead and worker.proc.returncode == 0  # exited and reaped
+
+
+def test_the_fit_worker_dies_with_its_scheduler_even_when_a_fork_of_it_holds_the_socket():
+    """A process the scheduler forked after starting the worker holds a copy of the worker's socket,
+    so the worker never reads EOF when the scheduler is SIGKILLed; it notices being reparented."""
+    parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import os, time
+        from sglang_dspark.core.sps_online import OnlineSpsEstimator
+        from sglang_dspark.sglang_plugin.fitter import FitWorker
+        worker = FitWorker(OnlineSpsEstimator())
+        assert worker.wait_ready(120)
+        forked = os.fork()
+        if forked == 0:  # e.g. a helper process SGLang forks: it inherits every open descriptor
+            time.sleep(600)
+            os._exit(0)
+        print(worker.pid, forked, flush=True)
+        time.sleep(600)  # killed by the test long before
+    """)], stdout=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    pid, forked = map(int, parent.stdout.readline().split())
+    worker, fork = os.pidfd_open(pid), os.pidfd_open(forked)  # not our children: pidfds to wait on
+    exited = []
+    try:
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=60)
+        exited = select.select([worker], [], [], 120)[0]
+        assert exited, f"fit worker {pid} outlived its parent by 120 s while a fork held its socket"
+    finally:
+        signal.pidfd_send_signal(fork, signal.SIGKILL)
+        if not exited:
+            signal.pidfd_send_signal(worker, signal.SIGKILL)  # leave no stray process behind a failure
+        os.close(worker)
+        os.close(fork)

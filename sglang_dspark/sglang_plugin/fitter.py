@@ -9,7 +9,9 @@ arrays, one write to a socket) and picks the fitted table up when it has arrived
 waiting for either. It also writes the learned table to the export directory (export.py).
 
 The child dies with its parent: it reads its socket, and the parent's end closes when the parent
-dies (SIGKILL included), so its next read ends it. It runs with one BLAS thread and at nice 10:
+dies (SIGKILL included), so its next read ends it. A process the scheduler forked later holds a
+copy of that end and would keep it open, so the child also checks every PARENT_CHECK_S that its
+parent is still the process that started it. It runs with one BLAS thread and at nice 10:
 the scheduler's cores are SGLang's, and on a host short of cores the refit waits, not the scheduler.
 
     python -m sglang_dspark.sglang_plugin.fitter FD     (started by FitWorker, not by hand)
@@ -36,6 +38,7 @@ _THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 # A refit takes 25-60 ms (beside a busy scheduler, a few hundred): one not back after this long is a
 # hung worker, killed, and the refits move to the fallback thread instead of stopping for good.
 FIT_DEADLINE_S = 30.0
+PARENT_CHECK_S = 1.0  # how often an idle child checks that its parent still lives
 
 
 def _encode(samples) -> np.ndarray:
@@ -169,7 +172,11 @@ def _serve(conn: Connection) -> None:
         conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
     send(("ready",))
+    parent = os.getppid()
     while True:
+        while not conn.poll(PARENT_CHECK_S):  # EOF and data both end the wait
+            if os.getppid() != parent:  # reparented: the scheduler is gone, a fork of it holds the socket
+                return
         try:
             _, rows, steps = pickle.loads(conn.recv_bytes())
         except EOFError:  # the parent closed its end or died

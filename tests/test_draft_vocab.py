@@ -90,9 +90,9 @@ def test_probabilities_at_the_wrong_token_ids_are_detected():
     m2, m3 = exact_marginals(hf, prompt)
     engine = _vocab_engine("full", hf, max_running=16, seed=3)
 
-    def unmapped(probs):
-        full = probs.new_zeros(probs.shape[0], VOCAB)
-        full[:, : probs.shape[1]] = probs
+    def unmapped(probs):  # [..., S] -> [..., V], as _expand_to_vocab but at columns 0..S-1
+        full = probs.new_zeros(*probs.shape[:-1], VOCAB)
+        full[..., : probs.shape[-1]] = probs
         return full
 
     engine.runner.drafter._expand_to_vocab = unmapped

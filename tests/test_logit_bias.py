@@ -94,3 +94,20 @@ def test_a_draft_vocabulary_gets_the_bias_of_its_own_tokens_only():
     vocab = torch.tensor([10, 3, 7])  # column j is token vocab[j]; token 9 is not in it
     out = batch.biased(torch.zeros(2, 3), vocab=vocab)
     assert out.tolist() == [[0.0, -5.0, 0.0], [0.0, 0.0, 0.0]]
+
+
+@pytest.mark.parametrize("vocab", [None, torch.tensor([10, 3, 7, 9, 0, 5])])
+def test_the_greedy_draft_sampler_is_the_general_one_for_greedy_rows(vocab):
+    """An all-greedy batch drafts with a shortcut (argmax and one-hot, no softmax or CDF): the same
+    tokens and distributions as the general sampler, logit_bias and a draft vocabulary included."""
+    from sglang_dspark.engine.sampling import SamplingBatch
+
+    params = [SamplingParams(temperature=0, logit_bias=((3, 4.0), (9, -100.0))), SamplingParams(temperature=0)]
+    batch = SamplingBatch.build(params, [None, None], torch.Generator())
+    gen = torch.Generator().manual_seed(0)
+    for k in range(20):
+        logits = torch.randn(2, 6 if vocab is not None else 16, generator=gen) * 3
+        tokens, probs = batch.draft_sampler(vocab)(logits, k)
+        expected_probs = batch.probs(batch.biased(logits, vocab=vocab))
+        assert torch.equal(probs, expected_probs)
+        assert torch.equal(tokens, batch.sample(expected_probs))

@@ -142,11 +142,11 @@ class DSparkDrafter(nn.Module):
             self._vocab_markov_w2 = self.markov_head.markov_w2.weight.detach()[ids].contiguous()  # [S, rank]
 
     def _expand_to_vocab(self, probs: torch.Tensor) -> torch.Tensor:
-        """[R, S] probabilities over the draft vocabulary -> [R, V] (zero outside it)."""
+        """[..., S] probabilities over the draft vocabulary -> [..., V] (zero outside it)."""
         if self.draft_vocab is None:
             return probs
-        full = probs.new_zeros(probs.shape[0], self.lm_head_weight.shape[0])
-        return full.index_copy_(1, self.draft_vocab, probs)
+        full = probs.new_zeros(*probs.shape[:-1], self.lm_head_weight.shape[0])
+        return full.index_copy_(-1, self.draft_vocab, probs)
 
     # ---- training ---------------------------------------------------------------------------
 
@@ -239,10 +239,10 @@ class DSparkDrafter(nn.Module):
             choice, p = sampler(step_logits, k)
             prev = choice if vocab is None else vocab[choice]  # the Markov head reads real token ids
             tokens.append(prev)
-            probs.append(self._expand_to_vocab(p))
+            probs.append(p)
         tokens = torch.stack(tokens, dim=1)
         prev_tokens = torch.cat([anchors[:, None], tokens[:, :-1]], dim=1)
-        return DraftOutput(tokens=tokens, probs=torch.stack(probs, dim=1),
+        return DraftOutput(tokens=tokens, probs=self._expand_to_vocab(torch.stack(probs, dim=1)),  # once, not per position
                            conf_logits=self.confidence(hidden, prev_tokens))
 
 

@@ -160,7 +160,23 @@ class SamplingBatch:
             probs = self.probs(self.biased(logits, vocab=vocab))
             return self.sample(probs), probs
 
+        if bool(self.greedy.all()):
+            return _greedy_draft(self, vocab)
         return sample
+
+
+def _greedy_draft(batch: SamplingBatch, vocab: torch.Tensor | None):
+    """The drafter's sampler for a batch of greedy rows only: the argmax and its one-hot, the very
+    tokens and distribution `probs` + `sample` give greedy rows (a one-hot's inverse CDF is its
+    argmax), without the softmax, the random numbers and the CDF that each of the gamma
+    sequential positions would otherwise pay."""
+
+    def sample(logits: torch.Tensor, k: int):
+        tokens = batch.biased(logits, vocab=vocab).argmax(-1)
+        probs = torch.zeros(logits.shape, dtype=torch.float32).scatter_(-1, tokens.unsqueeze(-1), 1.0)
+        return tokens, probs
+
+    return sample
 
 
 def _bias_columns(params: list[SamplingParams]):

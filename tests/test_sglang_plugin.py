@@ -544,3 +544,37 @@ def test_the_fit_worker_dies_with_its_scheduler_process():
         assert exited, f"fit worker {pid} outlived its parent by 120 s"
     finally:
         os.close(worker)
+
+
+def test_with_attention_tp_the_learner_stays_off_and_every_rank_uses_the_profile(plugin_env, tmp_path, monkeypatch):
+    _, path = _profile_with_tier(tmp_path)
+    plugin_env(SGLANG_DSPARK_PROFILE=str(path), SGLANG_DSPARK_SPS_LEARNING="1")
+    seen = _learning_run(monkeypatch, attn_tp_size=2)
+    assert seen["learned"] is None and seen["table"] is seen["given"]
+
+
+def test_the_table_source_says_flat_while_sglang_verifies_every_draft():
+    from sglang_dspark.sglang_plugin.observer import StepObserver
+
+    obs = StepObserver()
+    assert obs._source(SimpleNamespace(is_verify_all=True)) == "flat"
+    assert obs._source(SimpleNamespace(is_verify_all=False)) == "profile"
+    from sglang.srt.speculative.dspark_components.dspark_planner import DSparkVerifyPlanner
+
+    assert isinstance(inspect.getattr_static(DSparkVerifyPlanner, "is_verify_all"), property)  # what we read
+
+
+def test_a_rank_that_neither_exports_nor_learns_stages_nothing(plugin_env, monkeypatch):
+    import sglang.srt.runtime_context as rc
+
+    from sglang_dspark.sglang_plugin import observer
+
+    plugin_env()
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "/nonexistent")  # metrics on, but this is attention-TP rank 1
+    monkeypatch.setattr(rc, "get_parallel", lambda: SimpleNamespace(attn_tp_rank=1, attn_tp_size=2))
+    monkeypatch.setattr(observer, "_OBSERVER", None)
+    fake = SimpleNamespace(_planner=SimpleNamespace(_budget_planner=SimpleNamespace(last_decision=None)))
+    for _ in range(3):
+        observer.around_observe_step(lambda obs, **kw: None, fake, **_observe_kwargs(3, 7))
+    obs = observer.observer()
+    assert obs.exporting is False and obs.pending == [] and obs.last_info is None  # no copy was staged

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sglang_dspark.core.sampling import inverse_cdf
+from sglang_dspark.drafter.sampling import greedy_sampler
 
 
 MAX_TOP_LOGPROBS = 20
@@ -154,29 +155,18 @@ class SamplingBatch:
 
     def draft_sampler(self, vocab: torch.Tensor | None = None):
         """The drafter's per-position sampler: (logits [R, V], k) -> (tokens [R], probs [R, V]);
-        `vocab`: the drafter's draft vocabulary when its logits cover only that."""
+        `vocab`: the drafter's draft vocabulary when its logits cover only that. A batch of greedy
+        rows only takes the drafter's greedy sampler (argmax and its one-hot): the very tokens and
+        distribution `probs` + `sample` give greedy rows (a one-hot's inverse CDF is its argmax),
+        without the softmax, random numbers and CDF each of the gamma positions would pay."""
+        if bool(self.greedy.all()):
+            return lambda logits, k: greedy_sampler(self.biased(logits, vocab=vocab), k)
 
         def sample(logits: torch.Tensor, k: int):
             probs = self.probs(self.biased(logits, vocab=vocab))
             return self.sample(probs), probs
 
-        if bool(self.greedy.all()):
-            return _greedy_draft(self, vocab)
         return sample
-
-
-def _greedy_draft(batch: SamplingBatch, vocab: torch.Tensor | None):
-    """The drafter's sampler for a batch of greedy rows only: the argmax and its one-hot, the very
-    tokens and distribution `probs` + `sample` give greedy rows (a one-hot's inverse CDF is its
-    argmax), without the softmax, the random numbers and the CDF that each of the gamma
-    sequential positions would otherwise pay."""
-
-    def sample(logits: torch.Tensor, k: int):
-        tokens = batch.biased(logits, vocab=vocab).argmax(-1)
-        probs = torch.zeros(logits.shape, dtype=torch.float32).scatter_(-1, tokens.unsqueeze(-1), 1.0)
-        return tokens, probs
-
-    return sample
 
 
 def _bias_columns(params: list[SamplingParams]):

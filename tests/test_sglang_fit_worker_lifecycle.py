@@ -12,7 +12,6 @@ import select
 import signal
 import subprocess
 import sys
-import textwrap
 
 import pytest
 from test_sglang_plugin import (  # noqa: F401 - plugin_env is a fixture
@@ -103,33 +102,52 @@ def test_shutdown_writes_the_learned_table_now_and_stops_the_worker(plugin_env, 
     assert worker.dead and worker.proc.returncode in (0, -signal.SIGKILL)  # stopped and reaped
 
 
-def test_the_fit_worker_dies_with_its_scheduler_even_when_a_fork_of_it_holds_the_socket():
-    """A process the scheduler forked after starting the worker holds a copy of the worker's socket,
-    so the worker never reads EOF when the scheduler is SIGKILLed; it notices being reparented."""
-    parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
-        import os, time
-        from sglang_dspark.core.sps_online import OnlineSpsEstimator
-        from sglang_dspark.sglang_plugin.fitter import FitWorker
-        worker = FitWorker(OnlineSpsEstimator())
-        assert worker.wait_ready(120)
-        forked = os.fork()
-        if forked == 0:  # e.g. a helper process SGLang forks: it inherits every open descriptor
-            time.sleep(600)
-            os._exit(0)
-        print(worker.pid, forked, flush=True)
-        time.sleep(600)  # killed by the test long before
-    """)], stdout=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+SCHEDULER = """
+import os, sys, time
+from sglang_dspark.core.sps_online import OnlineSpsEstimator
+from sglang_dspark.sglang_plugin.fitter import FitWorker
+worker = FitWorker(OnlineSpsEstimator())
+assert worker.wait_ready(120)
+forked = os.fork() if sys.argv[1] == "fork" else -1
+if forked == 0:  # e.g. a helper process SGLang forks: it inherits every open descriptor
+    time.sleep(600)
+    os._exit(0)
+print(worker.pid, forked, flush=True)
+time.sleep(600)  # killed by the test long before
+"""
+
+
+def _worker_exits_when_its_scheduler_is_killed(fork: bool) -> tuple[bool, int]:
+    """SIGKILL a scheduler stand-in that started a fit worker (and, with `fork`, forked a child
+    that keeps running); (whether the worker exited within 120 s, its pid). Nothing is left behind."""
+    parent = subprocess.Popen([sys.executable, "-c", SCHEDULER, "fork" if fork else "no-fork"],
+                              stdout=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     pid, forked = map(int, parent.stdout.readline().split())
-    worker, fork = os.pidfd_open(pid), os.pidfd_open(forked)  # not our children: pidfds to wait on
+    # not our children: pidfds to wait on (the worker's is readable once it has exited)
+    worker, child = os.pidfd_open(pid), os.pidfd_open(forked) if forked > 0 else None
     exited = []
     try:
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait(timeout=60)
         exited = select.select([worker], [], [], 120)[0]
-        assert exited, f"fit worker {pid} outlived its parent by 120 s while a fork held its socket"
     finally:
-        signal.pidfd_send_signal(fork, signal.SIGKILL)
+        if child is not None:
+            signal.pidfd_send_signal(child, signal.SIGKILL)
+            os.close(child)
         if not exited:
             signal.pidfd_send_signal(worker, signal.SIGKILL)  # leave no stray process behind a failure
         os.close(worker)
-        os.close(fork)
+    return bool(exited), pid
+
+
+def test_the_fit_worker_dies_with_its_scheduler_process():
+    """A scheduler SIGKILLed (OOM killer, a node drain) leaves no fit worker behind."""
+    exited, pid = _worker_exits_when_its_scheduler_is_killed(fork=False)
+    assert exited, f"fit worker {pid} outlived its parent by 120 s"
+
+
+def test_the_fit_worker_dies_with_its_scheduler_even_when_a_fork_of_it_holds_the_socket():
+    """A process the scheduler forked after starting the worker holds a copy of the worker's socket,
+    so the worker never reads EOF when the scheduler is SIGKILLed; it notices being reparented."""
+    exited, pid = _worker_exits_when_its_scheduler_is_killed(fork=True)
+    assert exited, f"fit worker {pid} outlived its parent by 120 s while a fork held its socket"

@@ -17,3 +17,21 @@ def smollm2_dir():
     from sglang_dspark import zoo
 
     return zoo.resolve_model("smollm2-135m-instruct")
+
+
+@pytest.fixture
+def plugin_env(monkeypatch):
+    """Set the plugin's environment and forget the cached settings around each test."""
+    from sglang_dspark.sglang_plugin import planner, settings
+
+    def configure(**env):
+        for key in (settings.PROFILE_ENV, settings.TIER_ENV, settings.LEARNING_ENV, settings.EXPORT_DIR_ENV):
+            monkeypatch.delenv(key, raising=False)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        settings.settings.cache_clear()
+        planner.profile_table.cache_clear()
+
+    yield configure
+    settings.settings.cache_clear()
+    planner.profile_table.cache_clear()

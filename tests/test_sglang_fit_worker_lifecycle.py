@@ -14,13 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from test_sglang_plugin import (  # noqa: F401 - plugin_env is a fixture
-    _Clock,
-    _learning_run,
-    _profile_with_tier,
-    _synchronous_worker,
-    plugin_env,
-)
+from test_sglang_plugin import _Clock, _learning_run, _profile_with_tier, _synchronous_worker
 
 pytestmark = pytest.mark.sglang
 
@@ -77,7 +71,7 @@ def test_close_reaps_the_child_and_kills_one_that_hangs(worker_factory):
     assert hung.proc.returncode == -signal.SIGKILL
 
 
-def test_shutdown_writes_the_learned_table_now_and_stops_the_worker(plugin_env, tmp_path, monkeypatch):  # noqa: F811
+def test_shutdown_writes_the_learned_table_now_and_stops_the_worker(plugin_env, tmp_path, monkeypatch):
     from sglang_dspark.sglang_plugin import export, observer
 
     _, path = _profile_with_tier(tmp_path)

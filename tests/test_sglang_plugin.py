@@ -86,24 +86,6 @@ def _tables():
     return cost, additive
 
 
-@pytest.fixture
-def plugin_env(monkeypatch):
-    """Set the plugin's environment and forget the cached settings around each test."""
-    from sglang_dspark.sglang_plugin import planner, settings
-
-    def configure(**env):
-        for key in (settings.PROFILE_ENV, settings.TIER_ENV, settings.LEARNING_ENV, settings.EXPORT_DIR_ENV):
-            monkeypatch.delenv(key, raising=False)
-        for key, value in env.items():
-            monkeypatch.setenv(key, value)
-        settings.settings.cache_clear()
-        planner.profile_table.cache_clear()
-
-    yield configure
-    settings.settings.cache_clear()
-    planner.profile_table.cache_clear()
-
-
 def test_without_a_profile_the_hook_returns_exactly_the_original_decision(plugin_env):
     from sglang.srt.speculative.dspark_components import dspark_planner as P
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 from test_sglang_observer_records import _snapshot, single_process_metrics, started_observer
-from test_sglang_plugin import _Clock, _observe_kwargs, _profile_with_tier, plugin_env  # noqa: F401 - a fixture
+from test_sglang_plugin import _Clock, _observe_kwargs, _profile_with_tier
 
 pytestmark = pytest.mark.sglang
 
@@ -18,7 +18,7 @@ FAKE = SimpleNamespace(_planner=SimpleNamespace(_budget_planner=SimpleNamespace(
 
 
 @pytest.fixture
-def steps(plugin_env, tmp_path, monkeypatch):  # noqa: F811 - the fixture imported above
+def steps(plugin_env, tmp_path, monkeypatch):
     """(step(rids): a decode step over those requests (at most 3), outcomes(): SLA outcomes so far)."""
     import sglang.srt.runtime_context as rc
 

@@ -77,12 +77,17 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from sglang_dspark import zoo
+    from sglang_dspark.engine.one_row_gemv import tune_one_row_kernels
     from sglang_dspark.engine.target_model import TargetModel
+    from sglang_dspark.engine.weight_layout import tune_layouts
     from sglang_dspark.profile.fingerprint import hardware_id
 
     path = zoo.resolve_model(args.model)
     formats = [f for f in args.formats.split(",") if f]
     models = {fmt: TargetModel.from_pretrained(path, weight_format=fmt) for fmt in formats}
+    for model in models.values():  # the kernels the engine's loader times on this host (engine/factory.py)
+        tune_layouts([model])
+        tune_one_row_kernels([model])
     rows = []
     print(f"{'R':>2} {'B':>3} " + " ".join(f"{fmt + ' ms':>14} {'gemm':>6} {'other':>6}" for fmt in formats))
     for R, n in CASES:

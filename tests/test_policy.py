@@ -60,15 +60,15 @@ def test_without_a_profile_it_starts_target_only_and_probes_a_bounded_share():
 def test_exploration_climbs_the_budgets_while_the_confidences_say_drafting_could_pay():
     """Drafts that survive half the time, on a host where the drafter costs nearly a plain step:
     one verified draft does not pay (1.5 tokens for 1.9x the time), but verifying all four might
-    (up to 1.94 tokens), so the probes measure budgets 1, 2, 4 in turn. With drafts that survive
-    1 % of the time, the same prices stop the climb after budget 1."""
-    def probe_budgets(accept: float) -> list[int]:
+    (up to 1.94 tokens), so budgets 1, 2 and 4 all get measured (by probes, or by the planner trying
+    one). With drafts that survive 1 % of the time, the same prices stop the climb after budget 1."""
+    def measured_budgets(accept: float) -> list[int]:
         policy = SpeculationPolicy("scheduled", GAMMA, None, learn=True, probe_every=4, probe_max=64)
         plans, _ = run(policy, 60, accept=accept, drafter_s=0.034, token_s=0.002)
-        return [p.capacity for p in plans if p.probe][:3]
+        return sorted({p.capacity for p in plans if p.draft and p.capacity})
 
-    assert probe_budgets(0.5) == [1, 2, 4]
-    assert probe_budgets(0.0) == [1, 0, 0]
+    assert measured_budgets(0.5) == [1, 2, 4]
+    assert measured_budgets(0.0) == [1]
 
 
 def test_a_good_drafter_on_a_learned_table_drafts_most_steps():

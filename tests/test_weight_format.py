@@ -113,9 +113,11 @@ def test_drafter_runs_in_the_targets_dtype_with_its_cache():
     assert out.tokens.shape == (1, drafter.gamma) and out.probs.dtype == torch.float32
 
 
-def _fake_timer(speedup: float):
+def _fake_timer(speedup: float, one_row: float | None = None):
+    """bfloat16 `speedup` times faster (at one row `one_row` times, when given)."""
     def timer(weights, rows, dtype):
-        return 1.0 / speedup if dtype == torch.bfloat16 else 1.0
+        s = one_row if rows == 1 and one_row is not None else speedup
+        return 1.0 / s if dtype == torch.bfloat16 else 1.0
     return timer
 
 
@@ -132,6 +134,16 @@ def test_with_native_bfloat16_auto_takes_it_unless_timed_slower(speedup, expecte
     1.2x is a busy neighbour, not the CPU; only a slower bfloat16 keeps float32."""
     fmt, why = choose_auto([torch.randn(8, 4)], timer=_fake_timer(speedup), native=["avx512_bf16"])
     assert fmt == expected and "avx512_bf16" in why
+
+
+@pytest.mark.parametrize("one_row,eight_rows,expected", [(0.97, 1.8, "bfloat16"), (0.9, 1.8, "float32"),
+                                                         (1.2, 0.98, "float32")])
+def test_with_native_bfloat16_one_row_may_time_a_little_slower(one_row, eight_rows, expected):
+    """An Intel Xeon with AMX timed bfloat16 at 1.03-1.10x float32 at one row and 1.77x at eight:
+    noise at one row must not throw away the eight rows; more than 5 % slower there, or slower at all
+    at eight rows, keeps float32."""
+    fmt, why = choose_auto([torch.randn(8, 4)], timer=_fake_timer(eight_rows, one_row), native=["amx_bf16"])
+    assert fmt == expected and f"{one_row:.2f}x (1 row)" in why
 
 
 def test_native_bfloat16_flags_are_read_from_cpuinfo(tmp_path):

@@ -13,6 +13,7 @@ from sglang_dspark.engine.engine import Engine, EngineConfig
 from sglang_dspark.engine.heap import release_freed_memory
 from sglang_dspark.engine.target_model import TargetModel
 from sglang_dspark.engine.weight_format import activation_dtype, apply_to_drafter, choose_auto
+from sglang_dspark.engine.one_row_gemv import tune_one_row_kernels
 from sglang_dspark.engine.weight_layout import tune_layouts
 
 logger = logging.getLogger(__name__)
@@ -50,8 +51,9 @@ def load_models(model_dir, draft_dir=None, *, draft_vocab: bool = True, tune: bo
     """(TargetModel, tokenizer, drafter or None): the drafter shares the target's embedding and
     lm_head; with `draft_vocab` it drafts from its hot vocabulary when it ships one. Both models run
     in `weight_format` (engine/weight_format.py; `auto` is timed here, and the choice is logged and
-    kept as `target.weight_format`). With `tune`, float32's CPU weight layouts are timed on this host
-    (engine/weight_layout.py; call after setting torch's thread count, which changes both answers)."""
+    kept as `target.weight_format`). With `tune`, float32's CPU weight layouts (engine/weight_layout.py)
+    and bfloat16's one-row kernel (engine/one_row_gemv.py) are timed on this host (call after setting
+    torch's thread count, which changes the answers)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # directories only, never a hub
     from transformers import AutoTokenizer
 
@@ -68,6 +70,7 @@ def load_models(model_dir, draft_dir=None, *, draft_vocab: bool = True, tune: bo
         apply_to_drafter(drafter, weight_format)
     if tune and target.embed_tokens.weight.device.type == "cpu":
         tune_layouts([m for m in (target, drafter) if m is not None])
+        tune_one_row_kernels([m for m in (target, drafter) if m is not None])
     release_freed_memory()  # the float32 checkpoint and the timing copies, freed, not yet returned
     return target, tokenizer, drafter
 

@@ -2,20 +2,27 @@
 
 The planner drafts when its table and its confidences say drafting pays. Both can be wrong: a weak
 drafter, confidences that are not calibrated for this traffic, a host the table does not describe.
-The guard watches what drafting actually delivered: for every step the planner chose to draft, the
-tokens it emitted per second against what an undrafted step at the same batch size emits per
-second (R / u(R), u the table's price of a budget-0 step: with online learning, fitted to the
-engine's own measured undrafted steps). When drafted steps of a batch-size bucket have delivered
-less than `1 - margin` of that over at least `min_steps` steps, the bucket stops drafting for
-`cooldown` steps, then tries again with fresh statistics. Until a bucket has been judged
-(probation), the policy caps a step's drafts at R in all, so learning costs little. Probes
-(exploration) are not counted: their budgets are chosen to measure, not to win.
+The guard watches what drafting actually delivered. For every step the planner chose to draft it
+takes the step's gain g: the tokens it emitted over what undrafted steps at the same batch size
+would have emitted in the same seconds (seconds * R / u(R), u the table's price of a budget-0 step:
+with online learning, fitted to the engine's own measured undrafted steps).
+
+One step's gain is noisy: at C = 1 a step emits 1 token or several, and a step time varies by 10 %
+or more on a shared host. So a bucket (batch sizes 1, 2-3, 4-7, ...) stops drafting only on
+evidence: once it has `min_steps` judged steps, when the upper confidence bound of its mean gain,
+mean + z * standard error, falls below `1 - margin`. A drafter that truly loses is stopped (the
+standard error shrinks with every step), one that wins by 10 % is rarely stopped by a bad start
+(tests/test_policy.py measures both over many seeds). A stopped bucket drafts again after
+`cooldown` steps, with fresh statistics. The statistics forget with `decay` per judged step, so
+they follow a host or traffic that changes. Probes (exploration) are not counted: their budgets are
+chosen to measure, not to win.
 
 It reads only finished steps, so whatever it decides, the output stays the target's.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -26,15 +33,33 @@ def bucket(num_requests: int) -> int:
 
 @dataclass
 class _Bucket:
-    tokens: float = 0.0  # emitted by drafted steps (decayed)
-    baseline: float = 0.0  # what undrafted steps would have emitted in the same seconds (decayed)
-    steps: int = 0
+    # decayed sums over judged steps: weights, squared weights, gains, squared gains
+    w: float = 0.0
+    w2: float = 0.0
+    g: float = 0.0
+    g2: float = 0.0
+    steps: int = 0  # judged since the last block
     blocked_until: int = -1
+
+    def mean(self) -> float:
+        return self.g / self.w
+
+    def standard_error(self, prior_variance: float, prior_steps: float) -> float:
+        """Of the weighted mean, with the effective sample size n = w^2 / w2 of decayed weights. The
+        variance is shrunk toward `prior_variance` as if it had been seen over `prior_steps` steps:
+        a few steps' sample variance is far too small whenever they happen to agree (eight steps at
+        C = 1 that each emit one token), and a test on it would stop a winning drafter."""
+        n = self.w * self.w / self.w2
+        sample = max(0.0, self.g2 / self.w - self.mean() ** 2)
+        variance = (prior_steps * prior_variance + n * sample) / (prior_steps + n)
+        return math.sqrt(variance / n)
 
 
 class DraftingGuard:
-    def __init__(self, *, margin: float = 0.02, min_steps: int = 4, cooldown: int = 256, decay: float = 0.95):
-        self.margin, self.min_steps, self.cooldown, self.decay = margin, min_steps, cooldown, decay
+    def __init__(self, *, margin: float = 0.02, min_steps: int = 4, z: float = 2.0, prior_sd: float = 0.6,
+                 prior_steps: float = 8.0, cooldown: int = 256, decay: float = 0.99):
+        self.margin, self.min_steps, self.z, self.cooldown, self.decay = margin, min_steps, z, cooldown, decay
+        self.prior_variance, self.prior_steps = prior_sd ** 2, prior_steps
         self._buckets: dict[int, _Bucket] = {}
         self.step = 0
         self.blocks = 0  # how many times a bucket was stopped, ever
@@ -42,12 +67,6 @@ class DraftingGuard:
     def allows(self, num_requests: int) -> bool:
         b = self._buckets.get(bucket(num_requests))
         return b is None or self.step >= b.blocked_until
-
-    def on_probation(self, num_requests: int) -> bool:
-        """Fewer than `min_steps` planned drafted steps judged at this bucket yet (first, or since the
-        last block): the planner should bet small until drafting has shown it pays here."""
-        b = self._buckets.get(bucket(num_requests))
-        return b is None or b.steps < self.min_steps
 
     def observe(self, num_requests: int, tokens: int, seconds: float, undrafted_seconds: float | None,
                 planned_draft: bool) -> None:
@@ -58,13 +77,13 @@ class DraftingGuard:
         b = self._buckets.setdefault(bucket(num_requests), _Bucket())
         if self.step < b.blocked_until:
             return
-        b.tokens = self.decay * b.tokens + tokens
-        b.baseline = self.decay * b.baseline + seconds * num_requests / undrafted_seconds
+        gain = tokens / (seconds * num_requests / undrafted_seconds)
+        d = self.decay
+        b.w, b.w2 = d * b.w + 1.0, d * d * b.w2 + 1.0
+        b.g, b.g2 = d * b.g + gain, d * b.g2 + gain * gain
         b.steps += 1
-        if b.steps >= self.min_steps and b.tokens < (1.0 - self.margin) * b.baseline:
-            b.blocked_until = self.step + self.cooldown
-            b.tokens = b.baseline = 0.0
-            b.steps = 0
+        if b.steps >= self.min_steps and b.mean() + self.z * b.standard_error(self.prior_variance, self.prior_steps) < 1.0 - self.margin:
+            self._buckets[bucket(num_requests)] = _Bucket(blocked_until=self.step + self.cooldown)
             self.blocks += 1
 
     def blocked_buckets(self) -> list[int]:
@@ -72,9 +91,9 @@ class DraftingGuard:
         return sorted(1 << (k - 1) for k, b in self._buckets.items() if self.step < b.blocked_until)
 
     def realised_gain(self, num_requests: int) -> float | None:
-        """Drafted tokens per second over the undrafted rate, at this bucket (None before data)."""
+        """Mean gain of drafted steps at this bucket (None before data or since a block)."""
         b = self._buckets.get(bucket(num_requests))
-        return b.tokens / b.baseline if b is not None and b.baseline > 0 else None
+        return b.mean() if b is not None and b.w > 0 else None
 
     def gains(self) -> dict[int, float]:
         """Smallest batch size of each judged bucket -> its realised gain (for /server_info)."""

@@ -124,8 +124,6 @@ class SpeculationPolicy:
         capacity = self.planner.capacity(request_ids)
         if self.planner.last_decision.budget > 0 and self.guard.allows(num):
             self._undrafted_steps, self._probe_interval = 0, self.probe_every
-            if self.guard.on_probation(num):  # drafting has not shown it pays here yet: bet small
-                capacity = min(capacity, num)
             return DraftPlan(capacity=capacity, draft=True)
         return self._probe_or_skip(request_ids)
 

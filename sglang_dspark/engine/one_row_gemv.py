@@ -1,0 +1,104 @@
+"""bfloat16 Linear layers at one row: `torch.mv` where this CPU runs it faster, with the same bits.
+
+A decode step at R = 1 multiplies every weight by one row. On an Intel Xeon with AMX (2 cores,
+torch 2.14) `F.linear` in bfloat16 took 27.5 ms at one row over SmolLM2-135M's Linear layers and
+28-29 ms at 4-8 rows, while `torch.mv` on the same weights took 21.3 ms: one-row bfloat16 was slower
+than float32 (24.8 ms) until then, so `auto` kept float32 and lost the flat verify cost that
+bfloat16 has there (8 rows for 1.08x one). `benchmarks/target_forward.py` measures whole steps.
+
+The kernel is chosen per weight shape at load by timing every weight of that shape in turn (so they
+stream from memory, as in a step), and only where `mv` also gives the bit-identical output on random
+rows: transformers and our verify rows (2 or more) run `F.linear`, and greedy equality must not
+depend on which kernel served a one-row step. Values, shapes and state-dict names are unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+
+class OneRowGemvLinear(nn.Linear):
+    """An nn.Linear that sends a single row through `torch.mv` (or `addmv` with a bias) once
+    `tune_one_row_kernels` enabled it for its shape. Made by `pack_one_row_gemv`."""
+
+    gemv: bool = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gemv and x.numel() == self.in_features:
+            return one_row(x.reshape(-1), self.weight, self.bias).view(*x.shape[:-1], self.out_features)
+        return F.linear(x, self.weight, self.bias)
+
+
+def one_row(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.mv(weight, x) if bias is None else torch.addmv(bias, weight, x)
+
+
+@torch.no_grad()
+def pack_one_row_gemv(module: nn.Module) -> int:
+    """Make every CPU bfloat16 nn.Linear of `module` a OneRowGemvLinear (off until tuned); returns
+    how many changed."""
+    changed = 0
+    for linear in module.modules():
+        if type(linear) is nn.Linear and linear.weight.device.type == "cpu" and linear.weight.dtype == torch.bfloat16:
+            linear.__class__ = OneRowGemvLinear  # keeps parameters, hooks and state-dict names
+            changed += 1
+    return changed
+
+
+def _time_shape(linears: list[OneRowGemvLinear], x: torch.Tensor, gemv: bool) -> float:
+    start = time.perf_counter()
+    for layer in linears:
+        if gemv:
+            one_row(x, layer.weight, layer.bias)
+        else:
+            F.linear(x[None], layer.weight, layer.bias)
+    return time.perf_counter() - start
+
+
+def _same_bits(layer: OneRowGemvLinear, rows: int = 4) -> bool:
+    g = torch.Generator().manual_seed(0)
+    for _ in range(rows):
+        x = torch.randn(layer.in_features, generator=g).to(layer.weight.dtype)
+        if not torch.equal(one_row(x, layer.weight, layer.bias), F.linear(x[None], layer.weight, layer.bias)[0]):
+            return False
+    return True
+
+
+@torch.no_grad()
+def tune_one_row_kernels(modules: Iterable[nn.Module], *, reps: int = 5,
+                         timer: Callable[[list, torch.Tensor, bool], float] = _time_shape) -> dict:
+    """Per distinct weight shape in `modules`: time one row through all its layers with F.linear and
+    with mv, interleaved (a warm-up, then medians of `reps`), and enable mv where it was faster and
+    bit-identical. Returns {(out, in): whether mv serves one row}. `timer(linears, x, gemv)` ->
+    seconds (tests inject one)."""
+    by_shape: dict[tuple, list[OneRowGemvLinear]] = {}
+    for module in modules:
+        for layer in module.modules():
+            if isinstance(layer, OneRowGemvLinear):
+                key = (layer.out_features, layer.in_features, layer.weight.dtype, layer.bias is not None)
+                by_shape.setdefault(key, []).append(layer)
+    chosen = {}
+    for (out, inn, dtype, _), linears in by_shape.items():
+        x = torch.randn(inn).to(dtype)
+        times = {False: [], True: []}
+        for i in range(reps + 1):
+            for gemv in (False, True):
+                seconds = timer(linears, x, gemv)
+                if i:
+                    times[gemv].append(seconds)
+        use = statistics.median(times[True]) < statistics.median(times[False]) and _same_bits(linears[0])
+        for layer in linears:
+            layer.gemv = use
+        chosen[(out, inn)] = chosen.get((out, inn), True) and use
+    if chosen:
+        logger.info("bfloat16 one-row kernel tuned: mv for %s", sorted(f"{o}x{i}" for (o, i), use in chosen.items() if use))
+    return chosen

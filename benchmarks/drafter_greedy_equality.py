@@ -1,7 +1,8 @@
 """Greedy speculative decoding with the shipped SmolLM2 pair equals transformers'
 `generate(do_sample=False)` token for token.
 
-    python benchmarks/drafter_greedy_equality.py [--prompts 20] [--max-new-tokens 128]
+    python benchmarks/drafter_greedy_equality.py [--prompts 20] [--max-new-tokens 128] [--dtype bfloat16]
+        [--max-running 1] [--mode target]
 
 Writes benchmarks/results/drafter_greedy_equality.json.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch
 
@@ -29,10 +31,19 @@ def main() -> int:
     p.add_argument("--prompts", type=int, default=20)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                   help="weight format of both our engine and transformers (default float32)")
+    p.add_argument("--max-running", type=int, default=None,
+                   help="prompts our engine decodes together (default: all; 1 for one row at a time)")
+    p.add_argument("--mode", default="full", choices=("full", "target"),
+                   help="our engine verifying every draft (default) or without speculation")
+    p.add_argument("--out", default=None, help="JSON output (default benchmarks/results/drafter_greedy_equality[_<dtype>].json)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    result = greedy_equality(zoo.resolve_model(args.target), args.draft, args.prompts, args.max_new_tokens)
-    out = ROOT / "benchmarks" / "results" / "drafter_greedy_equality.json"
+    result = greedy_equality(zoo.resolve_model(args.target), args.draft, args.prompts, args.max_new_tokens,
+                             weight_format=args.dtype, max_running=args.max_running, mode=args.mode)
+    suffix = "" if args.dtype == "float32" else f"_{args.dtype}"
+    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"drafter_greedy_equality{suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(f"all equal: {result['all_equal']} ({args.prompts} prompts x {args.max_new_tokens} tokens) -> {out}")

@@ -240,29 +240,36 @@ def _stack(results, gamma):
     return torch.stack(conf).float(), torch.tensor(lens)
 
 
-def load_hf_target(target_dir):
+def load_hf_target(target_dir, dtype: torch.dtype = torch.float32):
     """transformers' own model and tokenizer: the reference greedy equality is checked against."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype).eval()
     return model, AutoTokenizer.from_pretrained(target_dir)
 
 
-def greedy_equality(target_dir, draft_dir, num_prompts: int, max_new_tokens: int) -> dict:
-    """Greedy speculative output of the engine (full verify, all prompts batched) vs transformers'
-    generate(do_sample=False), one prompt at a time, on held-out prompts."""
+def greedy_equality(target_dir, draft_dir, num_prompts: int, max_new_tokens: int, *,
+                    weight_format: str = "float32", max_running: int | None = None, mode: str = "full") -> dict:
+    """Greedy output of the engine (`mode` full: verify every draft; target: no speculation),
+    `max_running` prompts batched (default all), vs transformers' generate(do_sample=False), one
+    prompt at a time, on held-out prompts, both in `weight_format` (float32 or bfloat16: the formats
+    transformers runs)."""
     from sglang_dspark.engine.engine import EngineConfig
     from sglang_dspark.engine.factory import build_engine
+    from sglang_dspark.engine.weight_format import activation_dtype
     from sglang_dspark.prompts import load_prompts
 
+    if weight_format not in ("float32", "bfloat16"):
+        raise ValueError(f"weight format {weight_format!r}: transformers runs float32 or bfloat16")
     records = load_prompts("builtin:heldout")
     records = [records[i * len(records) // num_prompts] for i in range(num_prompts)]
-    engine = build_engine(target_dir, draft_dir, config=EngineConfig(mode="full", max_running=num_prompts, max_len=2048))
+    engine = build_engine(target_dir, draft_dir, weight_format=weight_format,
+                          config=EngineConfig(mode=mode, max_running=max_running or num_prompts, max_len=2048))
     t0 = time.perf_counter()
     results = run_split(engine, records, 0.0, max_new_tokens, "greedy")
     speculative_s = time.perf_counter() - t0
-    hf, tokenizer = load_hf_target(target_dir)
+    hf, tokenizer = load_hf_target(target_dir, activation_dtype(weight_format))
     rows = []
     for i, (rec, res) in enumerate(zip(records, results)):
         ids = chat_ids(tokenizer, rec.prompt)
@@ -279,7 +286,7 @@ def greedy_equality(target_dir, draft_dir, num_prompts: int, max_new_tokens: int
         print(f"[{i + 1}/{num_prompts}] {rec.domain:>5} tokens={len(ref)} equal={equal} tau={tau:.2f}",
               file=sys.stderr, flush=True)
     return {"target": str(target_dir), "draft": str(draft_dir), "max_new_tokens": max_new_tokens,
-            "num_prompts": num_prompts, "all_equal": all(r["equal"] for r in rows), "speculative_s": speculative_s,
+            "weight_format": weight_format, "mode": mode, "max_running": max_running or num_prompts, "num_prompts": num_prompts, "all_equal": all(r["equal"] for r in rows), "speculative_s": speculative_s,
             "prompts": rows}
 
 

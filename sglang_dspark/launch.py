@@ -247,9 +247,11 @@ def _weight_format(args, engine: str, model: str) -> str | None:
     (`auto` is timed here, once); None for SGLang, and for `auto` in a dry run (nothing is timed)."""
     if engine != "reference" or (args.dry_run and args.dtype == "auto"):
         return None
+    from sglang_dspark.engine.async_engine import off_the_main_thread
     from sglang_dspark.engine.factory import resolve_weight_format
 
-    weight_format, why = resolve_weight_format(args.dtype, model)
+    # timed off the main thread, so that only the engine thread's OpenMP pool stays (async_engine.py)
+    weight_format, why = off_the_main_thread(lambda: resolve_weight_format(args.dtype, model))
     logger.info("weight format: %s (%s)", weight_format, why)
     return weight_format
 
@@ -410,15 +412,19 @@ def _launch_reference(args, model, draft, profile, name) -> int:
                           sla_tok_s_per_user=tier.tok_s_per_user if tier is not None else None,
                           learn_sps=args.sps_learning == "on", canary_share=args.canary_share,
                           canary_dir=str(args.canary_dir) if args.canary_dir else None)
+    identity = _identity(model, draft, args.weight_format)
+
+    def build():  # on the engine thread, which then runs it (AsyncEngine.built_on_its_thread)
+        return build_engine(model, draft, config=config, model_name=name,
+                            sps=profile.profile.sps_table() if profile is not None else None,
+                            sts=profile.profile.sts_temperatures() if profile is not None else None,
+                            sps_seeded=profile is not None and profile.seed_only,
+                            identity=identity, weight_format=args.weight_format)
+
     try:
-        engine = build_engine(model, draft, config=config, model_name=name,
-                              sps=profile.profile.sps_table() if profile is not None else None,
-                              sts=profile.profile.sts_temperatures() if profile is not None else None,
-                              sps_seeded=profile is not None and profile.seed_only,
-                              identity=_identity(model, draft, args.weight_format), weight_format=args.weight_format)
+        client = AsyncEngine.built_on_its_thread(build)
     except ValueError as exc:
         raise LaunchError(str(exc)) from None
-    client = AsyncEngine(engine)
     app = create_app(client, served_model_name=name, api_key=args.api_key, admin_api_key=args.admin_api_key,
                      tool_call_parser=args.tool_call_parser)
     serve(client, app, args.host, args.port, drain_s=args.drain_timeout,

@@ -30,12 +30,34 @@ IDLE_WAIT_S = 0.5  # how long an idle engine thread blocks on the inbox before c
 IDLE_RELEASE_S = 5.0
 
 
+def off_the_main_thread(fn: Callable[[], T]) -> T:
+    """fn() on a short-lived thread, its result or exception here. For torch work before the engine
+    thread starts (the weight format's timing): once the main thread has run a parallel torch op,
+    GNU OpenMP slowed every other thread's by 1.45x on a 2-core Intel Xeon, while a finished
+    helper thread's pool left the engine thread at full speed (AsyncEngine.built_on_its_thread)."""
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as exc:
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="dspark-torch-setup")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
 class AsyncEngine:
     def __init__(self, engine: Engine):
         self.engine = engine
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._go: threading.Event | None = None  # set by start() for a thread that built the engine
         self._ids = itertools.count()
         self._live: set[str] = set()  # ids submitted and not yet finished (a client's rid must be unique)
         self._live_lock = threading.Lock()
@@ -134,8 +156,44 @@ class AsyncEngine:
         return self.call(Engine.flush_cache)
 
     # ---- the thread ----------------------------------------------------------------------------
+    @classmethod
+    def built_on_its_thread(cls, build: Callable[[], Engine]) -> "AsyncEngine":
+        """An AsyncEngine whose engine `build()` makes on the engine thread itself, which then waits
+        for `start()`. Every torch op of the engine, loading and tuning included, then runs on one
+        native thread: on a 2-core Intel Xeon, decode steps ran 1.45x slower (57 against 39 ms at
+        R = 1) on a thread other than the one that had loaded the models, GNU OpenMP's thread pools
+        of the two getting in each other's way (benchmarks/RESULTS.md, "One thread for torch").
+        `build()`'s exception is raised here."""
+        built: dict = {}
+        ready, go = threading.Event(), threading.Event()
+
+        def run() -> None:
+            try:
+                built["engine"] = build()
+            except BaseException as exc:  # the caller re-raises it
+                built["error"] = exc
+                ready.set()
+                return
+            ready.set()
+            go.wait()
+            if not client._stop.is_set():
+                client._loop()
+
+        thread = threading.Thread(target=run, name="dspark-engine", daemon=True)
+        thread.start()
+        ready.wait()
+        if "error" in built:
+            thread.join()
+            raise built["error"]
+        client = cls(built["engine"])
+        client._thread, client._go = thread, go
+        return client
+
     def start(self) -> None:
         self._stop.clear()
+        if self._go is not None:  # the thread that built the engine runs it
+            self._go.set()
+            return
         self._thread = threading.Thread(target=self._loop, name="dspark-engine", daemon=True)
         self._thread.start()
 
@@ -143,6 +201,8 @@ class AsyncEngine:
         """Stop the thread after the current step; requests still running end with "abort"."""
         self._stop.set()
         self._inbox.put(lambda e: None)  # wake an idle thread
+        if self._go is not None:
+            self._go.set()  # a thread that built the engine and was never started ends now
         if self._thread is not None:
             self._thread.join(timeout=timeout)
             if self._thread.is_alive():  # a step outlived the timeout: the engine is still that thread's

@@ -69,7 +69,9 @@ def ensure_venv(venv: Path) -> Path:
         return python
     print(f"building {LLAMA_CPP} in {venv} (compiles llama.cpp: several minutes)", flush=True)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run([python, "-m", "pip", "install", "--quiet", LLAMA_CPP], check=True,
+    # with CMAKE_ARGS of its own, pip must compile: its cache would hand back a wheel built with other flags
+    no_cache = ["--no-cache-dir"] if "CMAKE_ARGS" in os.environ else []
+    subprocess.run([python, "-m", "pip", "install", "--quiet", *no_cache, LLAMA_CPP], check=True,
                    env={**os.environ, "CMAKE_ARGS": os.environ.get("CMAKE_ARGS", "-DGGML_NATIVE=ON")})
     return python
 
@@ -129,6 +131,23 @@ def http_request(url: str, prompt: str, max_tokens: int) -> dict:
     return {"tokens": r.json()["usage"]["completion_tokens"], "seconds": seconds}
 
 
+def served_request(servers: dict, arm: str, prompt: str, max_tokens: int) -> dict:
+    """http_request to `arm`'s server; a server that died says so, with the end of its log."""
+    import httpx
+
+    proc, url, log = servers[arm]
+    try:
+        return http_request(url, prompt, max_tokens)
+    except httpx.HTTPError as exc:
+        time.sleep(1.0)  # let a crashing server finish dying
+        if proc.poll() is None:
+            raise
+        log.flush()
+        tail = Path(log.name).read_text(errors="replace").splitlines()[-5:]
+        raise SystemExit(f"{arm}: its server died (exit code {proc.returncode}) on a request: {exc}; "
+                         "log ends:\n  " + "\n  ".join(tail)) from None
+
+
 def inproc_requests(peer_python: Path, gguf: Path, prompts: list[str], args) -> list[dict]:
     config = json.dumps({"gguf": str(gguf), "threads": args.threads, "max_tokens": args.max_tokens})
     out = subprocess.run([str(peer_python), "-c", INPROC, config], input="".join(json.dumps(p) + "\n" for p in prompts),
@@ -160,7 +179,10 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2, help="threads of every engine")
     p.add_argument("--dtype", default="auto", help="our engine's --dtype")
     p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
-    p.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="llama-cpp-python's own venv (built if missing)")
+    p.add_argument("--venv", type=Path, default=DEFAULT_VENV,
+                   help="llama-cpp-python's own venv (built if missing; CMAKE_ARGS passes build flags: on an Intel "
+                        "Xeon with AMX the default -DGGML_NATIVE=ON build died of a general protection fault in "
+                        "libggml-cpu, and -DGGML_NATIVE=OFF with AVX-512 flags ran)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/peer_llamacpp.json", help="JSON output")
     args = p.parse_args()
     arms = [a for a in args.arms.split(",") if a]
@@ -175,14 +197,14 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as logs:
         servers = start_servers(args, peer_python, gguf, Path(logs)) if set(arms) & set(HTTP_ARMS) else {}
         try:
-            for arm in set(arms) & set(HTTP_ARMS):  # one unmeasured request each: first-call costs
-                http_request(servers[arm][1], prompts[0], 8)
+            for arm in sorted(set(arms) & set(HTTP_ARMS)):  # one unmeasured request each: first-call costs
+                served_request(servers, arm, prompts[0], 8)
             for rep in range(args.repeats):
                 for arm in balanced_order(arms, rep):
                     if arm == "llamacpp-inproc":
                         samples[arm].append(inproc_requests(peer_python, gguf, prompts, args))
                     else:
-                        samples[arm].append([http_request(servers[arm][1], q, args.max_tokens) for q in prompts])
+                        samples[arm].append([served_request(servers, arm, q, args.max_tokens) for q in prompts])
                     speeds = [r["tokens"] / r["seconds"] for r in samples[arm][-1]]
                     print(f"  repeat {rep + 1} {arm:<16} median {statistics.median(speeds):7.1f} tok/s", flush=True)
         finally:

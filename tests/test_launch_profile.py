@@ -100,7 +100,7 @@ def test_launch_hands_the_profile_tables_and_tier_to_the_engine(monkeypatch, set
         return object()
 
     monkeypatch.setattr("sglang_dspark.engine.factory.build_engine", fake_build_engine)
-    monkeypatch.setattr("sglang_dspark.engine.async_engine.AsyncEngine", lambda engine: engine)
+    monkeypatch.setattr("sglang_dspark.engine.async_engine.AsyncEngine.built_on_its_thread", lambda build: build())
     monkeypatch.setattr("sglang_dspark.server.create_app",
                         lambda client, **kw: captured.update(app=kw) or object())
     monkeypatch.setattr("sglang_dspark.server.serve", lambda *a, **k: None)

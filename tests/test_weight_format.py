@@ -217,7 +217,7 @@ def test_launch_dtype_reaches_the_profile_check_and_the_engine(tmp_path, monkeyp
     captured = {}
     monkeypatch.setattr("sglang_dspark.engine.factory.build_engine",
                         lambda *a, weight_format, identity, **k: captured.update(fmt=weight_format, identity=identity))
-    monkeypatch.setattr("sglang_dspark.engine.async_engine.AsyncEngine", lambda engine: engine)
+    monkeypatch.setattr("sglang_dspark.engine.async_engine.AsyncEngine.built_on_its_thread", lambda build: build())
     monkeypatch.setattr("sglang_dspark.server.create_app", lambda client, **kw: object())
     monkeypatch.setattr("sglang_dspark.server.serve", lambda *a, **k: None)
     assert launch.main(base + ["--dtype", "int8", "--sps-learning", "on"]) == 0

@@ -152,7 +152,7 @@ class DecoderLayer(nn.Module):
         EXACT_ROWS rows after a cached prefix) runs each row as the decode of its position would:
         speculative output equals non-speculative output token for token at R = 1, in any format."""
         H, hd, N = self.num_heads, self.head_dim, b.max_new
-        kv = layer_kv[:, b.slots[0], :, : b.max_ctx]
+        kv = layer_kv[:, b.slot_slice.start, :, : b.max_ctx]  # an int index: a view, not a gather copy
         if b.mask is None or b.causal:
             o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], kv[0][None], kv[1][None],
                                                is_causal=b.causal, enable_gqa=True)

@@ -286,8 +286,7 @@ def greedy_equality(target_dir, draft_dir, num_prompts: int, max_new_tokens: int
         print(f"[{i + 1}/{num_prompts}] {rec.domain:>5} tokens={len(ref)} equal={equal} tau={tau:.2f}",
               file=sys.stderr, flush=True)
     return {"target": str(target_dir), "draft": str(draft_dir), "max_new_tokens": max_new_tokens,
-            "weight_format": weight_format, "mode": mode, "max_running": max_running or num_prompts,
-            "num_prompts": num_prompts, "all_equal": all(r["equal"] for r in rows), "speculative_s": speculative_s,
+            "weight_format": weight_format, "mode": mode, "max_running": max_running or num_prompts, "num_prompts": num_prompts, "all_equal": all(r["equal"] for r in rows), "speculative_s": speculative_s,
             "prompts": rows}
 
 

@@ -91,11 +91,6 @@ class RMSNorm(nn.RMSNorm):
         return self.weight * F.rms_norm(x.float(), self.normalized_shape, eps=self.eps).to(x.dtype)
 
 
-# a verify block of one request up to this many rows runs row by row (_one_request_attention);
-# longer segments (prompt chunks after a cached prefix) take the batched, masked kernel
-EXACT_ROWS = 16
-
-
 class DecoderLayer(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -137,7 +132,7 @@ class DecoderLayer(nn.Module):
     def _attention(self, q: torch.Tensor, layer_kv: torch.Tensor, b: "_Batch") -> torch.Tensor:
         H, KVH, hd = self.num_heads, self.num_kv_heads, self.head_dim
         R, N, G = b.num_segments, b.max_new, H // KVH
-        if R == 1 and b.mask is None:  # _batch builds no mask where one request's rows go one by one
+        if R == 1 and (b.mask is None or b.causal or N <= EXACT_ROWS):
             return self._one_request_attention(q, layer_kv, b)
         if b.pad_rows is not None:
             q = q.new_zeros(R * N, H, hd).index_copy_(0, b.pad_rows, q)
@@ -158,15 +153,19 @@ class DecoderLayer(nn.Module):
         speculative output equals non-speculative output token for token at R = 1, in any format."""
         H, hd, N = self.num_heads, self.head_dim, b.max_new
         kv = layer_kv[:, b.slot_slice.start, :, : b.max_ctx]  # an int index: a view, not a gather copy
-        if b.causal:
+        if b.mask is None or b.causal:
             o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], kv[0][None], kv[1][None],
-                                               is_causal=True, enable_gqa=True)
+                                               is_causal=b.causal, enable_gqa=True)
             return o[0].transpose(0, 1).reshape(N, H * hd)
-        first = b.max_ctx - N + 1  # keys the first row sees (all, for a decode): the segment ends the context
+        first = b.max_ctx - N + 1  # keys the first row sees: the segment ends the context
         rows = [F.scaled_dot_product_attention(q[i].view(1, H, 1, hd), kv[0][None, :, : first + i],
                                                kv[1][None, :, : first + i], enable_gqa=True) for i in range(N)]
         return torch.cat(rows).reshape(N, H * hd)
 
+
+# a verify block of one request up to this many rows runs row by row (_one_request_attention);
+# longer segments (prompt chunks after a cached prefix) take the batched, masked kernel
+EXACT_ROWS = 16
 
 
 @dataclass
@@ -182,7 +181,7 @@ class _Batch:
     slot_slice: slice | None  # the slots as a view when they are consecutive (no gather copy)
     pad_rows: torch.Tensor | None  # [T] row of each token in the padded [R * max_new] layout; None if no padding
     last_rows: torch.Tensor  # [R] packed row of each segment's last token
-    mask: torch.Tensor | None  # bool [R, 1, max_new * G, max_ctx]; None: one request, rows as decodes (R = 1)
+    mask: torch.Tensor | None  # bool [R, 1, max_new * G, max_ctx]; None when every key is visible
     causal: bool  # one segment from position 0: the mask is plain causal (SDPA's is_causal)
     cos: torch.Tensor  # [T, 1, head_dim]
     signed_sin: torch.Tensor  # [T, 1, head_dim]: sin with rotate_half's sign folded in (_rope_rotation)
@@ -313,9 +312,8 @@ class TargetModel(nn.Module):
         consecutive = slot_list == list(range(slot_list[0], slot_list[0] + R))
         G = self.config.num_attention_heads // self.config.num_key_value_heads
 
-        causal = R == 1 and starts[0] == 0 and N > 1
-        mask = None  # none for one request's rows that go one by one: a decode, a verify block, a prompt from 0
-        if R > 1 or (N > EXACT_ROWS and not causal):
+        mask = None
+        if R > 1 or N > 1 or L > starts[0] + lens[0]:
             # padded query rows copy their segment's last row so no row is fully masked
             qpos = starts_t[:, None] + torch.minimum(torch.arange(N, device=dev)[None, :], lens_t[:, None] - 1)
             mask = torch.arange(L, device=dev)[None, None, :] <= qpos[:, :, None]  # [R, N, L]
@@ -324,7 +322,7 @@ class TargetModel(nn.Module):
             num_segments=R, max_new=N, max_ctx=L, positions=positions, token_slots=slots[seg], slots=slots,
             slot_slice=slice(slot_list[0], slot_list[0] + R) if consecutive else None,
             pad_rows=None if min(lens) == N else seg * N + offset,
-            last_rows=first_row + lens_t - 1, mask=mask, causal=causal,
+            last_rows=first_row + lens_t - 1, mask=mask, causal=R == 1 and starts[0] == 0 and N > 1,
             # tables in float32, applied in the activation dtype, as transformers does
             cos=self.rope_cos[positions][:, None].to(cache.dtype),
             signed_sin=(self.rope_sin[positions][:, None] * self.rope_sign).to(cache.dtype),

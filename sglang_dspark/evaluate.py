@@ -250,17 +250,21 @@ def load_hf_target(target_dir, dtype: torch.dtype = torch.float32):
 
 
 def greedy_equality(target_dir, draft_dir, num_prompts: int, max_new_tokens: int, *,
-                    weight_format: str = "float32", max_running: int | None = None, mode: str = "full") -> dict:
+                    weight_format: str = "float32", max_running: int | None = None, mode: str = "full",
+                    reference: str = "transformers") -> dict:
     """Greedy output of the engine (`mode` full: verify every draft; target: no speculation),
-    `max_running` prompts batched (default all), vs transformers' generate(do_sample=False), one
-    prompt at a time, on held-out prompts, both in `weight_format` (float32 or bfloat16: the formats
-    transformers runs)."""
+    `max_running` prompts batched (default all), vs a reference on held-out prompts, both in
+    `weight_format`: transformers' generate(do_sample=False), one prompt at a time (float32 or
+    bfloat16: the formats transformers runs), or (`reference="target"`) our own engine without
+    speculation, one request at a time, in any format: what losslessness promises."""
     from sglang_dspark.engine.engine import EngineConfig
     from sglang_dspark.engine.factory import build_engine
     from sglang_dspark.engine.weight_format import activation_dtype
     from sglang_dspark.prompts import load_prompts
 
-    if weight_format not in ("float32", "bfloat16"):
+    if reference not in ("transformers", "target"):
+        raise ValueError(f"reference {reference!r}: transformers or target")
+    if reference == "transformers" and weight_format not in ("float32", "bfloat16"):
         raise ValueError(f"weight format {weight_format!r}: transformers runs float32 or bfloat16")
     records = load_prompts("builtin:heldout")
     records = [records[i * len(records) // num_prompts] for i in range(num_prompts)]
@@ -269,24 +273,34 @@ def greedy_equality(target_dir, draft_dir, num_prompts: int, max_new_tokens: int
     t0 = time.perf_counter()
     results = run_split(engine, records, 0.0, max_new_tokens, "greedy")
     speculative_s = time.perf_counter() - t0
-    hf, tokenizer = load_hf_target(target_dir, activation_dtype(weight_format))
+    t0 = time.perf_counter()
+    if reference == "target":
+        plain = build_engine(target_dir, None, weight_format=weight_format,
+                             config=EngineConfig(mode="target", max_running=1, max_len=2048))
+        refs = [r["tokens"] for r in run_split(plain, records, 0.0, max_new_tokens, "plain")]
+    else:
+        hf, tokenizer = load_hf_target(target_dir, activation_dtype(weight_format))
+        refs = []
+        for rec in records:
+            ids = chat_ids(tokenizer, rec.prompt)
+            with torch.no_grad():
+                ref = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=max_new_tokens,
+                                  pad_token_id=tokenizer.pad_token_id)[0, len(ids):].tolist()
+            refs.append(ref[: ref.index(tokenizer.eos_token_id)] if tokenizer.eos_token_id in ref else ref)  # EOS is not emitted
+    reference_s = time.perf_counter() - t0
     rows = []
-    for i, (rec, res) in enumerate(zip(records, results)):
-        ids = chat_ids(tokenizer, rec.prompt)
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            ref = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=max_new_tokens,
-                              pad_token_id=tokenizer.pad_token_id)[0, len(ids):].tolist()
-        ref = ref[: ref.index(tokenizer.eos_token_id)] if tokenizer.eos_token_id in ref else ref  # EOS is not emitted
+    for i, (rec, res, ref) in enumerate(zip(records, results, refs)):
         first_diff = next((j for j, (a, b) in enumerate(zip(res["tokens"], ref)) if a != b), None)
         equal = res["tokens"] == ref
         tau = (len(res["tokens"]) - 1) / max(len(res["accept_lens"]), 1)
         rows.append({"domain": rec.domain, "tokens": len(ref), "equal": equal, "first_difference": first_diff,
-                     "tau": tau, "generate_s": time.perf_counter() - t0})
+                     "tau": tau})
         print(f"[{i + 1}/{num_prompts}] {rec.domain:>5} tokens={len(ref)} equal={equal} tau={tau:.2f}",
               file=sys.stderr, flush=True)
     return {"target": str(target_dir), "draft": str(draft_dir), "max_new_tokens": max_new_tokens,
-            "weight_format": weight_format, "mode": mode, "max_running": max_running or num_prompts, "num_prompts": num_prompts, "all_equal": all(r["equal"] for r in rows), "speculative_s": speculative_s,
+            "weight_format": weight_format, "mode": mode, "max_running": max_running or num_prompts,
+            "reference": reference, "num_prompts": num_prompts, "all_equal": all(r["equal"] for r in rows),
+            "num_equal": sum(r["equal"] for r in rows), "speculative_s": speculative_s, "reference_s": reference_s,
             "prompts": rows}
 
 

@@ -1,6 +1,7 @@
-"""bfloat16's one-row kernel (engine/one_row_gemv.py): mv serves a single row exactly where a timer
-said it is faster and its bits equal F.linear's; every other row count, and every other shape, stays
-on F.linear. The timer is injected, so nothing depends on this host's speed."""
+"""bfloat16's one-row kernel (engine/one_row_gemv.py): a single row goes through the kernel that gives
+it the bits it gets inside a multi-row verify block (batch invariance), and where both F.linear and
+mv do, through the one a timer said is faster; every other row count stays on F.linear. The timer is
+injected and kernels that break invariance are simulated, so nothing depends on this host."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def test_pack_changes_only_cpu_bfloat16_linears_and_keeps_outputs():
 def test_mv_serves_one_row_exactly_where_it_timed_faster_and_matched_bits(monkeypatch):
     model = bf16_model()
     pack_one_row_gemv(model)
-    monkeypatch.setattr(one_row_gemv, "_same_bits", lambda layer: True)  # what a CPU says is its own (last test)
+    monkeypatch.setattr(one_row_gemv, "_row_invariant", lambda layer, gemv: True)  # both keep the bits: speed decides
     calls = []
 
     def timer(linears, x, gemv):
@@ -60,9 +61,39 @@ def test_mv_serves_one_row_exactly_where_it_timed_faster_and_matched_bits(monkey
     assert model[0](x).shape == (1, 1, 16) and seen == [(16, 16)]
 
 
-def test_mv_is_not_used_where_its_bits_differ(monkeypatch):
+def test_mv_is_not_used_where_it_breaks_batch_invariance_even_when_faster(monkeypatch):
     model = bf16_model()
     pack_one_row_gemv(model)
     monkeypatch.setattr(one_row_gemv, "one_row", lambda x, w, b: F.linear(x[None], w, b)[0] + 1)  # a kernel that is off
     chosen = tune_one_row_kernels([model], reps=1, timer=lambda linears, x, gemv: 1.0 if gemv else 2.0)
     assert not any(chosen.values()) and not any(m.gemv for m in model)
+
+
+def _one_row_linear_off_by_a_bit(monkeypatch):
+    """F.linear as a CPU whose one-row path rounds differently from its multi-row path."""
+    real = F.linear
+
+    def linear(x, w, b=None):
+        y = real(x, w, b)
+        return y + torch.finfo(y.dtype).eps * y.abs() if x.dim() == 2 and x.shape[0] == 1 else y
+    monkeypatch.setattr(one_row_gemv.F, "linear", linear)
+
+
+def test_mv_serves_one_row_where_only_it_keeps_batch_invariance_even_when_slower(monkeypatch):
+    model = bf16_model()
+    pack_one_row_gemv(model)
+    _one_row_linear_off_by_a_bit(monkeypatch)
+    assert one_row_gemv._row_invariant(model[0], gemv=True) and not one_row_gemv._row_invariant(model[0], gemv=False)
+    chosen = tune_one_row_kernels([model], reps=1, timer=lambda linears, x, gemv: 2.0 if gemv else 1.0)
+    assert all(chosen.values()) and all(m.gemv for m in model)
+
+
+def test_where_no_one_row_kernel_keeps_invariance_the_faster_serves_and_a_warning_says_so(monkeypatch, caplog):
+    model = bf16_model()
+    pack_one_row_gemv(model)
+    _one_row_linear_off_by_a_bit(monkeypatch)
+    monkeypatch.setattr(one_row_gemv, "one_row", lambda x, w, b: F.linear(x[None], w, b)[0])  # mv off the same way
+    with caplog.at_level("WARNING", logger=one_row_gemv.__name__):
+        chosen = tune_one_row_kernels([model], reps=1, timer=lambda linears, x, gemv: 1.0 if gemv else 2.0)
+    assert all(chosen.values())
+    assert sum("no one-row kernel gives the bits" in r.message for r in caplog.records) == len(chosen)

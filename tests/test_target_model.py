@@ -179,3 +179,49 @@ def test_the_signed_gather_rotation_is_transformers_rope_bit_for_bit(dtype):
     # transformers' layout: [batch, heads, T, hd], tables [batch, T, hd] unsqueezed at dim 1
     hq, hk = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos[:, 0][None], sin[:, 0][None])
     assert torch.equal(ours[:, :H], hq[0].transpose(0, 1)) and torch.equal(ours[:, H:], hk[0].transpose(0, 1))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_verify_blocks_attention_rows_equal_one_row_decodes_bit_for_bit(dtype):
+    """Batch invariance of one request's attention (TargetModel._one_request_attention): each row of
+    a verify block equals the decode of its position alone, at many context lengths, in two threads
+    (the CPU kernels' work split is one way to break it)."""
+    # SmolLM2-135M's attention shape (9 heads over 3 kv heads of 64): tiny heads hide the kernels' blocking
+    _, model = make_pair("llama", hidden_size=576, num_attention_heads=9, num_key_value_heads=3, num_hidden_layers=1)
+    model = model.to(dtype)
+    layer = model.layers[0]
+    H, hd = layer.num_heads, layer.head_dim
+    cache = model.new_kv_cache(1, 160)
+    g = torch.Generator().manual_seed(0)
+    cache.kv.copy_((torch.randn(cache.kv.shape, generator=g) * 3).to(dtype))  # every key visible to someone
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for start in (1, 5, 29, 31, 32, 56, 100):
+            for width in (2, 5, 8, 16):
+                q = (torch.randn(width, H, hd, generator=g) * 3).to(dtype)
+                block = model._batch([Segment(0, start, torch.zeros(width, dtype=torch.long))], cache)
+                rows = layer._attention(q, cache.kv[0], block)
+                for i in range(width):
+                    one = model._batch([Segment(0, start + i, torch.zeros(1, dtype=torch.long))], cache)
+                    assert torch.equal(rows[i], layer._attention(q[i:i + 1], cache.kv[0], one)[0]), (start, width, i)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_one_requests_attention_over_padded_keys_matches_transformers_sdpa():
+    """The batch-invariant rows still compute causal attention: against SDPA as transformers calls it."""
+    _, model = make_pair("llama", hidden_size=96, num_attention_heads=6, num_key_value_heads=2)
+    layer = model.layers[0]
+    H, KVH, hd = layer.num_heads, layer.num_kv_heads, layer.head_dim
+    cache = model.new_kv_cache(1, 96)
+    g = torch.Generator().manual_seed(1)
+    cache.kv.copy_(torch.randn(cache.kv.shape, generator=g))
+    start, width = 40, 8
+    q = torch.randn(width, H, hd, generator=g)
+    rows = layer._attention(q, cache.kv[0], model._batch([Segment(0, start, torch.zeros(width, dtype=torch.long))], cache))
+    k, v = cache.kv[0][:, 0]
+    for i in range(width):
+        ref = torch.nn.functional.scaled_dot_product_attention(q[i].view(1, H, 1, hd), k[None, :, : start + i + 1],
+                                                               v[None, :, : start + i + 1], enable_gqa=True)
+        torch.testing.assert_close(rows[i], ref.reshape(H * hd), atol=1e-5, rtol=1e-5)

@@ -14,7 +14,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from sglang_dspark.engine.engine import Engine
@@ -35,20 +35,8 @@ def off_the_main_thread(fn: Callable[[], T]) -> T:
     thread starts (the weight format's timing): once the main thread has run a parallel torch op,
     GNU OpenMP slowed every other thread's by 1.45x on a 2-core Intel Xeon, while a finished
     helper thread's pool left the engine thread at full speed (AsyncEngine.built_on_its_thread)."""
-    box: dict = {}
-
-    def run() -> None:
-        try:
-            box["result"] = fn()
-        except BaseException as exc:
-            box["error"] = exc
-
-    thread = threading.Thread(target=run, name="dspark-torch-setup")
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dspark-torch-setup") as pool:
+        return pool.submit(fn).result()
 
 
 class AsyncEngine:
@@ -164,28 +152,27 @@ class AsyncEngine:
         R = 1) on a thread other than the one that had loaded the models, GNU OpenMP's thread pools
         of the two getting in each other's way (benchmarks/RESULTS.md, "One thread for torch").
         `build()`'s exception is raised here."""
-        built: dict = {}
-        ready, go = threading.Event(), threading.Event()
+        built: Future = Future()
+        go = threading.Event()
 
         def run() -> None:
             try:
-                built["engine"] = build()
+                built.set_result(build())
             except BaseException as exc:  # the caller re-raises it
-                built["error"] = exc
-                ready.set()
+                built.set_exception(exc)
                 return
-            ready.set()
             go.wait()
             if not client._stop.is_set():
                 client._loop()
 
         thread = threading.Thread(target=run, name="dspark-engine", daemon=True)
         thread.start()
-        ready.wait()
-        if "error" in built:
+        try:
+            engine = built.result()
+        except BaseException:
             thread.join()
-            raise built["error"]
-        client = cls(built["engine"])
+            raise
+        client = cls(engine)
         client._thread, client._go = thread, go
         return client
 

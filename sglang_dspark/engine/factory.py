@@ -11,9 +11,9 @@ import torch
 from sglang_dspark.core.sps import SpsTable
 from sglang_dspark.engine.engine import Engine, EngineConfig
 from sglang_dspark.engine.heap import release_freed_memory
+from sglang_dspark.engine.one_row_gemv import tune_one_row_kernels
 from sglang_dspark.engine.target_model import TargetModel
 from sglang_dspark.engine.weight_format import activation_dtype, apply_to_drafter, choose_auto
-from sglang_dspark.engine.one_row_gemv import tune_one_row_kernels
 from sglang_dspark.engine.weight_layout import tune_layouts
 
 logger = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ or more on a shared host. So a bucket (batch sizes 1, 2-3, 4-7, ...) stops draft
 evidence: once it has `min_steps` judged steps, when the upper confidence bound of its mean gain,
 mean + z * standard error, falls below `1 - margin`. A drafter that truly loses is stopped (the
 standard error shrinks with every step), one that wins by 10 % is rarely stopped by a bad start
-(tests/test_policy.py measures both over many seeds). A stopped bucket drafts again after
+(tests/test_guard.py, benchmarks/guard_verdicts.py measure both over many seeds). A stopped bucket drafts again after
 `cooldown` steps, with fresh statistics. The statistics forget with `decay` per judged step, so
 they follow a host or traffic that changes. Probes (exploration) are not counted: their budgets are
 chosen to measure, not to win.
@@ -82,7 +82,8 @@ class DraftingGuard:
         b.w, b.w2 = d * b.w + 1.0, d * d * b.w2 + 1.0
         b.g, b.g2 = d * b.g + gain, d * b.g2 + gain * gain
         b.steps += 1
-        if b.steps >= self.min_steps and b.mean() + self.z * b.standard_error(self.prior_variance, self.prior_steps) < 1.0 - self.margin:
+        upper = b.mean() + self.z * b.standard_error(self.prior_variance, self.prior_steps)
+        if b.steps >= self.min_steps and upper < 1.0 - self.margin:
             self._buckets[bucket(num_requests)] = _Bucket(blocked_until=self.step + self.cooldown)
             self.blocks += 1
 

@@ -2,7 +2,8 @@
 
 One `forward_segments` call runs a ragged batch: chunked prefill, decode and speculative verify of
 many requests together. Linear layers run once on the packed [T, d] tokens; attention is one SDPA
-call per layer over the segments padded to the longest new-token count and context.
+call per layer over the segments padded to the longest new-token count and context, except for one
+request's decode and verify rows, which are computed batch-invariantly (_one_request_attention).
 """
 
 from __future__ import annotations
@@ -91,6 +92,12 @@ class RMSNorm(nn.RMSNorm):
         return self.weight * F.rms_norm(x.float(), self.normalized_shape, eps=self.eps).to(x.dtype)
 
 
+# One request's decode and verify rows (a segment of up to EXACT_ROWS after a cached prefix) take
+# the batch-invariant attention (_one_request_attention); longer segments (prompt chunks after a
+# cached prefix) take the batched, masked kernel.
+EXACT_ROWS = 16
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -132,7 +139,7 @@ class DecoderLayer(nn.Module):
     def _attention(self, q: torch.Tensor, layer_kv: torch.Tensor, b: "_Batch") -> torch.Tensor:
         H, KVH, hd = self.num_heads, self.num_kv_heads, self.head_dim
         R, N, G = b.num_segments, b.max_new, H // KVH
-        if R == 1 and (b.mask is None or b.causal or N <= EXACT_ROWS):
+        if R == 1 and b.mask is None:  # _batch builds no mask where one request's rows go one by one
             return self._one_request_attention(q, layer_kv, b)
         if b.pad_rows is not None:
             q = q.new_zeros(R * N, H, hd).index_copy_(0, b.pad_rows, q)
@@ -144,28 +151,24 @@ class DecoderLayer(nn.Module):
         return o if b.pad_rows is None else o.index_select(0, b.pad_rows)
 
     def _one_request_attention(self, q: torch.Tensor, layer_kv: torch.Tensor, b: "_Batch") -> torch.Tensor:
-        """One request's rows with SDPA called exactly as transformers calls it for a decode
-        ([1, H, 1, hd], GQA by the kernel, no mask) or for a prompt from position 0 (is_causal).
-        The CPU kernel's rounding depends on the query block's shape and on a mask: folded into rows
-        or masked, a bfloat16 row differed from a one-row decode in the last bit, and greedy outputs
-        diverged at near-ties (12 of 20 held-out prompts within 128 tokens). So a verify block (up to
-        EXACT_ROWS rows after a cached prefix) runs each row as the decode of its position would:
-        speculative output equals non-speculative output token for token at R = 1, in any format."""
-        H, hd, N = self.num_heads, self.head_dim, b.max_new
+        """One request's rows. A prompt from position 0: SDPA as transformers calls it (is_causal).
+        A decode or verify block: batch-invariant, so speculative output equals non-speculative
+        output token for token in any format. The CPU kernels round a row differently when it is
+        computed among others: SDPA's flash kernel with the rows it is blocked with, the key count,
+        a mask, and (rows as batch elements) how its work splits over the threads; a GEMM with the
+        number of rows. bfloat16 greedy outputs diverged at near-ties. So each row is one SDPA call
+        of its own, the call its decode would make: its kv head's G query heads as query rows (GQA
+        folded: 4-5x faster than heads as heads on a 2-core EPYC), over exactly the keys it sees."""
+        H, KVH, hd, N = self.num_heads, self.num_kv_heads, self.head_dim, b.max_new
         kv = layer_kv[:, b.slot_slice.start, :, : b.max_ctx]  # an int index: a view, not a gather copy
-        if b.mask is None or b.causal:
+        if b.causal:
             o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], kv[0][None], kv[1][None],
-                                               is_causal=b.causal, enable_gqa=True)
+                                               is_causal=True, enable_gqa=True)
             return o[0].transpose(0, 1).reshape(N, H * hd)
-        first = b.max_ctx - N + 1  # keys the first row sees: the segment ends the context
-        rows = [F.scaled_dot_product_attention(q[i].view(1, H, 1, hd), kv[0][None, :, : first + i],
-                                               kv[1][None, :, : first + i], enable_gqa=True) for i in range(N)]
+        first = b.max_ctx - N + 1  # keys the first row sees (all, for a decode): the segment ends the context
+        rows = [F.scaled_dot_product_attention(q[i].view(1, KVH, H // KVH, hd), kv[0][None, :, : first + i],
+                                               kv[1][None, :, : first + i]) for i in range(N)]
         return torch.cat(rows).reshape(N, H * hd)
-
-
-# a verify block of one request up to this many rows runs row by row (_one_request_attention);
-# longer segments (prompt chunks after a cached prefix) take the batched, masked kernel
-EXACT_ROWS = 16
 
 
 @dataclass
@@ -181,7 +184,7 @@ class _Batch:
     slot_slice: slice | None  # the slots as a view when they are consecutive (no gather copy)
     pad_rows: torch.Tensor | None  # [T] row of each token in the padded [R * max_new] layout; None if no padding
     last_rows: torch.Tensor  # [R] packed row of each segment's last token
-    mask: torch.Tensor | None  # bool [R, 1, max_new * G, max_ctx]; None when every key is visible
+    mask: torch.Tensor | None  # bool [R, 1, max_new * G, max_ctx]; None for one request (R = 1) but a long chunk
     causal: bool  # one segment from position 0: the mask is plain causal (SDPA's is_causal)
     cos: torch.Tensor  # [T, 1, head_dim]
     signed_sin: torch.Tensor  # [T, 1, head_dim]: sin with rotate_half's sign folded in (_rope_rotation)
@@ -312,8 +315,9 @@ class TargetModel(nn.Module):
         consecutive = slot_list == list(range(slot_list[0], slot_list[0] + R))
         G = self.config.num_attention_heads // self.config.num_key_value_heads
 
-        mask = None
-        if R > 1 or N > 1 or L > starts[0] + lens[0]:
+        causal = R == 1 and starts[0] == 0 and N > 1
+        mask = None  # none for one request's decode / verify rows (one by one) and a prompt from 0 (is_causal)
+        if R > 1 or (N > EXACT_ROWS and not causal):
             # padded query rows copy their segment's last row so no row is fully masked
             qpos = starts_t[:, None] + torch.minimum(torch.arange(N, device=dev)[None, :], lens_t[:, None] - 1)
             mask = torch.arange(L, device=dev)[None, None, :] <= qpos[:, :, None]  # [R, N, L]
@@ -322,7 +326,7 @@ class TargetModel(nn.Module):
             num_segments=R, max_new=N, max_ctx=L, positions=positions, token_slots=slots[seg], slots=slots,
             slot_slice=slice(slot_list[0], slot_list[0] + R) if consecutive else None,
             pad_rows=None if min(lens) == N else seg * N + offset,
-            last_rows=first_row + lens_t - 1, mask=mask, causal=R == 1 and starts[0] == 0 and N > 1,
+            last_rows=first_row + lens_t - 1, mask=mask, causal=causal,
             # tables in float32, applied in the activation dtype, as transformers does
             cos=self.rope_cos[positions][:, None].to(cache.dtype),
             signed_sin=(self.rope_sin[positions][:, None] * self.rope_sign).to(cache.dtype),

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sglang_dspark.engine.one_row_gemv import pack_one_row_gemv
+from sglang_dspark.engine.one_row_gemv import one_row, pack_one_row_gemv
 from sglang_dspark.engine.weight_layout import pack_drafter_for_cpu, pack_linears_for_cpu
 
 logger = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ def _time_stack(weights: list[torch.Tensor], rows: int, dtype: torch.dtype) -> f
     x = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=dtype) for w in weights}
     kernels = [F.linear]
     if rows == 1 and dtype == torch.bfloat16:  # the engine may serve one row by torch.mv (engine/one_row_gemv.py)
-        kernels.append(lambda x, w: torch.mv(w, x[0]))
+        kernels.append(lambda x, w: one_row(x[0], w, None))
     best = float("inf")
     for kernel in kernels:
         start = time.perf_counter()

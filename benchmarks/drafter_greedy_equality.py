@@ -5,7 +5,7 @@ request at a time (`--reference target`: what losslessness promises, in any form
     python benchmarks/drafter_greedy_equality.py [--prompts 20] [--max-new-tokens 128] [--dtype bfloat16]
         [--max-running 1] [--mode target] [--reference target]
 
-Writes benchmarks/results/drafter_greedy_equality.json.
+Writes benchmarks/results/drafter_greedy_equality[_<dtype>][_vs_target].json.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def main() -> int:
                    help="our engine verifying every draft (default) or without speculation")
     p.add_argument("--reference", default="transformers", choices=("transformers", "target"),
                    help="transformers' generate (default) or our engine without speculation, one request at a time")
-    p.add_argument("--out", default=None, help="JSON output (default benchmarks/results/drafter_greedy_equality[_<dtype>].json)")
+    p.add_argument("--out", default=None, help="JSON output (default benchmarks/results/drafter_greedy_equality[_<dtype>][_vs_target].json)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     result = greedy_equality(zoo.resolve_model(args.target), args.draft, args.prompts, args.max_new_tokens,

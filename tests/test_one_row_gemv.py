@@ -34,7 +34,7 @@ def test_pack_changes_only_cpu_bfloat16_linears_and_keeps_outputs():
 def test_mv_serves_one_row_exactly_where_it_timed_faster_and_matched_bits(monkeypatch):
     model = bf16_model()
     pack_one_row_gemv(model)
-    monkeypatch.setattr(one_row_gemv, "_row_invariant", lambda layer, gemv: True)  # both keep the bits: speed decides
+    monkeypatch.setattr(one_row_gemv, "_invariant_kernels", lambda layer: {False: True, True: True})  # both keep the bits: speed decides
     calls = []
 
     def timer(linears, x, gemv):
@@ -83,7 +83,7 @@ def test_mv_serves_one_row_where_only_it_keeps_batch_invariance_even_when_slower
     model = bf16_model()
     pack_one_row_gemv(model)
     _one_row_linear_off_by_a_bit(monkeypatch)
-    assert one_row_gemv._row_invariant(model[0], gemv=True) and not one_row_gemv._row_invariant(model[0], gemv=False)
+    assert one_row_gemv._invariant_kernels(model[0]) == {False: False, True: True}
     chosen = tune_one_row_kernels([model], reps=1, timer=lambda linears, x, gemv: 2.0 if gemv else 1.0)
     assert all(chosen.values()) and all(m.gemv for m in model)
 

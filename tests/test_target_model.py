@@ -209,11 +209,11 @@ def test_a_verify_blocks_attention_rows_equal_one_row_decodes_bit_for_bit(dtype)
         torch.set_num_threads(threads)
 
 
-def test_one_requests_attention_over_padded_keys_matches_transformers_sdpa():
+def test_one_requests_attention_rows_match_transformers_sdpa():
     """The batch-invariant rows still compute causal attention: against SDPA as transformers calls it."""
     _, model = make_pair("llama", hidden_size=96, num_attention_heads=6, num_key_value_heads=2)
     layer = model.layers[0]
-    H, KVH, hd = layer.num_heads, layer.num_kv_heads, layer.head_dim
+    H, hd = layer.num_heads, layer.head_dim
     cache = model.new_kv_cache(1, 96)
     g = torch.Generator().manual_seed(1)
     cache.kv.copy_(torch.randn(cache.kv.shape, generator=g))

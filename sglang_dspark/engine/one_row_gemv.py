@@ -71,31 +71,34 @@ def _time_shape(linears: list[OneRowGemvLinear], x: torch.Tensor, gemv: bool) ->
 VERIFY_ROWS = (2, 8, 16)  # block widths a one-row kernel's output is checked against
 
 
-def _row_invariant(layer: OneRowGemvLinear, gemv: bool, rows: int = 64) -> bool:
-    """Whether one row through F.linear (gemv False) or mv (True) gives the bits that row gets in
-    multi-row F.linear blocks, on random rows of the layer's own weights at three scales."""
+def _invariant_kernels(layer: OneRowGemvLinear, rows: int = 64) -> dict[bool, bool]:
+    """{gemv: whether one row through F.linear (False) or mv (True) gives the bits that row gets in
+    multi-row F.linear blocks}, on random rows of the layer's own weights at three scales. The
+    blocks are computed once for both kernels; both are False where the blocks themselves depend
+    on their width (nothing to match)."""
     g = torch.Generator().manual_seed(0)
     w, bias = layer.weight, layer.bias
+    invariant = {False: True, True: True}
     for scale in (0.1, 1.0, 10.0):
         x = (torch.randn(rows, layer.in_features, generator=g) * scale).to(w.dtype)
         for start in range(0, rows, max(VERIFY_ROWS)):
             block = x[start:start + max(VERIFY_ROWS)]
             multi = F.linear(block, w, bias)
-            for width in VERIFY_ROWS[:-1]:
-                if not torch.equal(F.linear(block[:width], w, bias), multi[:width]):
-                    return False  # the multi-row kernel itself depends on the width: nothing to match
+            if any(not torch.equal(F.linear(block[:width], w, bias), multi[:width]) for width in VERIFY_ROWS[:-1]):
+                return {False: False, True: False}
             for i, row in enumerate(block):
-                one = one_row(row, w, bias) if gemv else F.linear(row[None], w, bias)[0]
-                if not torch.equal(one, multi[i]):
-                    return False
-    return True
+                invariant[False] = invariant[False] and torch.equal(F.linear(row[None], w, bias)[0], multi[i])
+                invariant[True] = invariant[True] and torch.equal(one_row(row, w, bias), multi[i])
+            if not any(invariant.values()):
+                return invariant
+    return invariant
 
 
 @torch.no_grad()
 def tune_one_row_kernels(modules: Iterable[nn.Module], *, reps: int = 5,
                          timer: Callable[[list, torch.Tensor, bool], float] = _time_shape) -> dict:
     """Per distinct weight shape in `modules`: which one-row kernel (F.linear or mv) is batch-invariant
-    (_row_invariant); where both are, time them over all its layers, interleaved (a warm-up, then
+    (_invariant_kernels); where both are, time them over all its layers, interleaved (a warm-up, then
     medians of `reps`), and take the faster; where neither is, the faster, with a warning. Returns
     {(out, in): whether mv serves one row}. `timer(linears, x, gemv)` -> seconds (tests inject one)."""
     by_shape: dict[tuple, list[OneRowGemvLinear]] = {}
@@ -106,7 +109,7 @@ def tune_one_row_kernels(modules: Iterable[nn.Module], *, reps: int = 5,
                 by_shape.setdefault(key, []).append(layer)
     chosen = {}
     for (out, inn, dtype, _), linears in by_shape.items():
-        invariant = {gemv: _row_invariant(linears[0], gemv) for gemv in (False, True)}
+        invariant = _invariant_kernels(linears[0])
         if invariant[False] != invariant[True]:
             use = invariant[True]
         else:

@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sglang_dspark.engine.format_names import FORMAT_CHOICES as DTYPES  # torch-free, for --help
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -18,7 +20,7 @@ def add_common_args(parser, result_name: str) -> None:
     parser.add_argument("--profile", default=str(ROOT / "sla_profiles/smollm2-135m-instruct-cpu.yaml"),
                         help="SLA profile whose SPS table drives the scheduled mode")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
-    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "int8"),
+    parser.add_argument("--dtype", default="auto", choices=DTYPES,
                         help="weight format of both models (engine/weight_format.py), as launch --dtype")
     parser.add_argument("--out", default=str(ROOT / f"benchmarks/results/{result_name}.json"), help="JSON output path")
 

@@ -11,6 +11,7 @@ with a `--ttft-tokens` prompt, target-only, per format, interleaved, median of t
 
     python benchmarks/decode_speed_formats.py [--formats float32,bfloat16] [--concurrency 1,4,16]
         [--arms target,default] [--repeats 3] [--max-tokens 96] [--ttft-tokens 1024]
+        [--profile A.yaml,B.yaml]   (per format, the one whose fingerprint matches, as launch picks)
 """
 
 from __future__ import annotations
@@ -41,6 +42,17 @@ def ratios(a: list[float], b: list[float]) -> list[float]:
     return [round(x / y, 3) for x, y in zip(a, b)]
 
 
+def table_for(fmt: str, args):
+    """The profile `launch` would take for `fmt` among `--profile`'s comma-separated files: one whose
+    fingerprint matches (its format included), else the first as a seed of the online table."""
+    from sglang_dspark import zoo
+    from sglang_dspark.profile.resolve import resolve_profile
+
+    candidates = [resolve_profile(path, engine="reference", model=zoo.resolve_model(args.model), draft=args.draft,
+                                  seed_ok=True, weight_format=fmt) for path in args.profile.split(",") if path]
+    return next((c for c in candidates if not c.seed_only), candidates[0])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_args(parser, "decode_speed_formats")
@@ -53,20 +65,17 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(args.threads)
-    from sglang_dspark import zoo
     from sglang_dspark.engine.sampling import SamplingParams
-    from sglang_dspark.profile.resolve import resolve_profile
 
     formats = [f for f in args.formats.split(",") if f]
     arms = tuple(a for a in args.arms.split(",") if a)
     if arms[0] != "target":
         raise SystemExit("--arms: target first (the ratios are against it)")
     pairs = {fmt: load_pair(args.model, args.draft, fmt) for fmt in formats}
-    profiles = {fmt: {"default": resolve_profile(args.profile, engine="reference", model=zoo.resolve_model(args.model),
-                                                 draft=args.draft, seed_ok=True, weight_format=fmt)} for fmt in formats}
+    profiles = {fmt: {"default": table_for(fmt, args)} for fmt in formats}
     for fmt in formats:
         p = profiles[fmt]["default"]
-        print(f"{fmt}: default table {'seeded+online' if p.seed_only else 'profile+online'} from {args.profile}", flush=True)
+        print(f"{fmt}: default table {'seeded+online' if p.seed_only else 'profile+online'} from {p.path}", flush=True)
     tokenizer = pairs[formats[0]][1]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     rows = []

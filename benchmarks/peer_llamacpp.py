@@ -10,7 +10,9 @@ file our zoo converts SmolLM2 from. Arms, all greedy chat completions of `--max-
   (`--draft_model prompt-lookup-decoding`, LlamaPromptLookupDecoding);
 - `llamacpp-inproc`: `llama_cpp.Llama.create_chat_completion` in process, no HTTP: the ceiling;
 - `ours-target` and `ours-dspark`: `python -m sglang_dspark.launch` with `--mode target` and the
-  default (scheduled DSpark), both in `--dtype` (default: what launch picks here).
+  default (scheduled DSpark), both in `--dtype` (default: what launch picks here);
+  `ours-target-FORMAT` and `ours-dspark-FORMAT` the same in weight format FORMAT (e.g.
+  `ours-target-int4`: the GGUF's own 4-bit integers, the format class llama.cpp runs).
 
 Every server is started once on loopback and stays up; each repeat runs every arm over every
 prompt, the arms in a carry-over balanced order (`common.balanced_order`). Reported per arm: the
@@ -19,6 +21,7 @@ included, one client for all), and ratios to `llamacpp`, each the median of per-
 (the same prompt in the same repeat).
 
     python benchmarks/peer_llamacpp.py [--prompts 8] [--repeats 3] [--max-tokens 96] [--threads 2]
+        [--arms llamacpp,ours-target,ours-target-int4,ours-dspark-int4]
 """
 
 from __future__ import annotations
@@ -37,10 +40,12 @@ from pathlib import Path
 
 from common import ROOT, balanced_order
 
+from sglang_dspark.engine.format_names import FORMAT_CHOICES as DTYPES
+
 LLAMA_CPP = "llama-cpp-python[server]==0.3.36"
 DEFAULT_VENV = Path("~/.cache/sglang_dspark/peer-llamacpp").expanduser()
 ARMS = ("llamacpp", "llamacpp-lookup", "llamacpp-inproc", "ours-target", "ours-dspark")
-HTTP_ARMS = ("llamacpp", "llamacpp-lookup", "ours-target", "ours-dspark")
+OURS_IN_FORMAT = tuple(f"ours-{mode}-{fmt}" for mode in ("target", "dspark") for fmt in DTYPES if fmt != "auto")
 # The in-process arm: one process per repeat, reading prompts on stdin, one JSON line per request.
 INPROC = r"""
 import json, sys, time
@@ -98,25 +103,41 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 600) -> None
     raise SystemExit(f"server for {url} not ready after {timeout_s:.0f} s")
 
 
-def start_servers(args, peer_python: Path, gguf: Path, log_dir: Path) -> dict:
+def server_command(arm: str, args, peer_python: Path, gguf: Path) -> list[str]:
+    """The command line of an HTTP arm's server: llama.cpp's, or ours (`ours-MODE[-FORMAT]`)."""
+    if arm.startswith("llamacpp"):
+        llama = [str(peer_python), "-m", "llama_cpp.server", "--model", str(gguf), "--n_threads", str(args.threads),
+                 "--n_ctx", "2048", "--host", "127.0.0.1"]
+        return llama + (["--draft_model", "prompt-lookup-decoding"] if arm == "llamacpp-lookup" else [])
+    _, mode, *fmt = arm.split("-")
+    ours = [sys.executable, "-m", "sglang_dspark.launch", "--model", "smollm2-135m-instruct",
+            "--dtype", fmt[0] if fmt else args.dtype, "--max-running", "1"]
+    return ours + (["--mode", "target"] if mode == "target" else [])
+
+
+def start_servers(arms: list[str], args, peer_python: Path, gguf: Path, log_dir: Path) -> dict:
     servers = {}
-    llama = [str(peer_python), "-m", "llama_cpp.server", "--model", str(gguf), "--n_threads", str(args.threads),
-             "--n_ctx", "2048", "--host", "127.0.0.1"]
-    ours = [sys.executable, "-m", "sglang_dspark.launch", "--model", "smollm2-135m-instruct", "--dtype", args.dtype,
-            "--max-running", "1"]
-    commands = {"llamacpp": llama, "llamacpp-lookup": llama + ["--draft_model", "prompt-lookup-decoding"],
-                "ours-target": ours + ["--mode", "target"], "ours-dspark": ours}
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(args.threads)}
-    for arm in HTTP_ARMS:
+    for arm in arms:  # one at a time: what a server times at start (auto, kernels) sees an idle host
         port = free_port()
         log = open(log_dir / f"{arm}.log", "w")
-        proc = subprocess.Popen(commands[arm] + ["--port", str(port)], stdout=log, stderr=subprocess.STDOUT, env=env,
-                                cwd=ROOT)
+        proc = subprocess.Popen(server_command(arm, args, peer_python, gguf) + ["--port", str(port)], stdout=log,
+                                stderr=subprocess.STDOUT, env=env, cwd=ROOT)
         servers[arm] = (proc, f"http://127.0.0.1:{port}", log)
-    for arm, (proc, url, _) in servers.items():
-        wait_ready(url, proc)
-        print(f"{arm} ready on {url}", flush=True)
+        wait_ready(servers[arm][1], proc)
+        print(f"{arm} ready on {servers[arm][1]}{served_format(servers[arm][1])}", flush=True)
     return servers
+
+
+def served_format(url: str) -> str:
+    """`, weights FORMAT` for one of our servers (its /server_info), else ''."""
+    import httpx
+
+    try:
+        fmt = httpx.get(f"{url}/server_info", timeout=10).json().get("weight_format")
+    except (httpx.HTTPError, ValueError):
+        return ""
+    return f", weights {fmt}" if fmt else ""
 
 
 def http_request(url: str, prompt: str, max_tokens: int) -> dict:
@@ -177,8 +198,10 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3, help="passes over every arm and prompt")
     p.add_argument("--max-tokens", type=int, default=96, help="completion tokens per request")
     p.add_argument("--threads", type=int, default=2, help="threads of every engine")
-    p.add_argument("--dtype", default="auto", help="our engine's --dtype")
-    p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help="our engine's --dtype in the ours-target and "
+                   "ours-dspark arms")
+    p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}, or "
+                   "ours-target-FORMAT / ours-dspark-FORMAT for a weight format of launch --dtype")
     p.add_argument("--venv", type=Path, default=DEFAULT_VENV,
                    help="llama-cpp-python's own venv (built if missing; CMAKE_ARGS passes build flags: on an Intel "
                         "Xeon with AMX the default -DGGML_NATIVE=ON build died of a general protection fault in "
@@ -186,8 +209,9 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/peer_llamacpp.json", help="JSON output")
     args = p.parse_args()
     arms = [a for a in args.arms.split(",") if a]
-    if not arms or set(arms) - set(ARMS):
-        raise SystemExit(f"--arms: of {', '.join(ARMS)}; got {args.arms}")
+    if not arms or set(arms) - set(ARMS) - set(OURS_IN_FORMAT):
+        raise SystemExit(f"--arms: of {', '.join(ARMS)} or ours-target-FORMAT / ours-dspark-FORMAT; got {args.arms}")
+    http_arms = [a for a in arms if a != "llamacpp-inproc"]
     from sglang_dspark.prompts import load_prompts
 
     records = load_prompts("builtin:heldout")
@@ -195,9 +219,9 @@ def main() -> int:
     peer_python, gguf = ensure_venv(args.venv), gguf_path()
     samples = {arm: [] for arm in arms}
     with tempfile.TemporaryDirectory() as logs:
-        servers = start_servers(args, peer_python, gguf, Path(logs)) if set(arms) & set(HTTP_ARMS) else {}
+        servers = start_servers(http_arms, args, peer_python, gguf, Path(logs))
         try:
-            for arm in sorted(set(arms) & set(HTTP_ARMS)):  # one unmeasured request each: first-call costs
+            for arm in http_arms:  # one unmeasured request each: first-call costs
                 served_request(servers, arm, prompts[0], 8)
             for rep in range(args.repeats):
                 for arm in balanced_order(arms, rep):
@@ -206,7 +230,7 @@ def main() -> int:
                     else:
                         samples[arm].append([served_request(servers, arm, q, args.max_tokens) for q in prompts])
                     speeds = [r["tokens"] / r["seconds"] for r in samples[arm][-1]]
-                    print(f"  repeat {rep + 1} {arm:<16} median {statistics.median(speeds):7.1f} tok/s", flush=True)
+                    print(f"  repeat {rep + 1} {arm:<22} median {statistics.median(speeds):7.1f} tok/s", flush=True)
         finally:
             for proc, _, log in servers.values():
                 proc.terminate()
@@ -214,10 +238,10 @@ def main() -> int:
                 proc.wait(timeout=60)
                 log.close()
     table = summarize(samples)
-    print(f"\n{'arm':<16} {'tok/s (median)':>15} {'vs llamacpp':>12} {'requests':>9}")
+    print(f"\n{'arm':<22} {'tok/s (median)':>15} {'vs llamacpp':>12} {'requests':>9}")
     for arm in arms:
         row = table[arm]
-        print(f"{arm:<16} {row['median_tok_s']:>15.1f} {row.get('vs_llamacpp', float('nan')):>12.3f} {row['requests']:>9}")
+        print(f"{arm:<22} {row['median_tok_s']:>15.1f} {row.get('vs_llamacpp', float('nan')):>12.3f} {row['requests']:>9}")
     from sglang_dspark.profile.fingerprint import hardware_id
 
     result = {"benchmark": "peer_llamacpp", "peer": LLAMA_CPP, "gguf": gguf.name, "hardware": hardware_id(),

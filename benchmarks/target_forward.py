@@ -8,7 +8,7 @@ weight of the model once, at the step's row count): the GEMM time; the rest (att
 RoPE, masks, Python) is the step minus that. Formats and cases alternate call by call, so load from
 other processes hits all alike; medians of `--reps`.
 
-    python benchmarks/target_forward.py [--formats float32,bfloat16,int8] [--reps 9] [--threads 2]
+    python benchmarks/target_forward.py [--formats float32,bfloat16,int8,int4] [--reps 9] [--threads 2]
 
 Writes benchmarks/results/target_forward.json and .png (step ms against B, one line per format and R).
 """
@@ -70,7 +70,7 @@ def timed(fns: dict, reps: int, warmup: int = 2) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct", help="target directory or zoo name")
-    ap.add_argument("--formats", default="float32,bfloat16,int8", help="weight formats (engine/weight_format.py)")
+    ap.add_argument("--formats", default="float32,bfloat16,int8,int4", help="weight formats (engine/weight_format.py)")
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     ap.add_argument("--reps", type=int, default=9, help="timed calls per case and format")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/target_forward.json", help="JSON output")

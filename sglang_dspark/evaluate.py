@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from sglang_dspark.engine.format_names import FORMAT_CHOICES
 from sglang_dspark.core.calibration import OBJECTIVES, calibration_report, fit_sts
 from sglang_dspark.prompts import chat_ids
 
@@ -324,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="use only the first N prompts of each category of every split (default: all)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "int8"), default="float32",
+    p.add_argument("--dtype", choices=FORMAT_CHOICES, default="float32",
                    help="weight format of target and drafter, as launch --dtype; tau depends on it through the "
                    "target's own distribution (default: %(default)s)")
     p.add_argument("--profile", default=None, help="SLA profile YAML: adds the speedup its SPS table predicts "

@@ -14,12 +14,13 @@ import sys
 from pathlib import Path
 
 from sglang_dspark import zoo
+from sglang_dspark.engine.format_names import FORMAT_CHOICES
 from sglang_dspark.help_format import DefaultsHelpFormatter, OneLineErrorParser
 
 logger = logging.getLogger("sglang_dspark.launch")
 
 MODES = ("target", "full", "scheduled")  # the engine's own list; not imported, to keep --help free of torch
-DTYPES = ("auto", "float32", "bfloat16", "int8")  # engine/weight_format.py's FORMAT_CHOICES, for the same reason
+DTYPES = FORMAT_CHOICES  # torch-free, as MODES
 HF_REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")  # SGLang downloads these itself
 DEFAULT_MAX_RUNNING = 16
 
@@ -61,9 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="target: no speculation; full: DSpark verifying every draft; "
                         "scheduled: DSpark with the SPS-table verify scheduler")
     p.add_argument("--dtype", choices=DTYPES, default="auto",
-                   help="reference engine's weight format: auto times bfloat16 against float32 on this CPU at "
-                        "start and takes bfloat16 where it is clearly faster; int8: weight-only int8 with bfloat16 "
-                        "activations (a quantized model, verified losslessly against itself). SGLang has its own "
+                   help="reference engine's weight format: auto takes bfloat16 on a CPU with native bfloat16 "
+                        "(avx512_bf16, amx_bf16), elsewhere times it against float32 at start and takes it where "
+                        "clearly faster; int8: weight-only int8 with bfloat16 "
+                        "activations; int4: 4-bit groups of 32 (GGUF's Q4_1 block; a Q4_1-converted checkpoint's own "
+                        "integers) with the lm_head in int8 (quantized models, verified losslessly against "
+                        "themselves). SGLang has its own "
                         "--dtype / --quantization")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=30000, help="port to listen on")

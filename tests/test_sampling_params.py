@@ -20,7 +20,7 @@ from tests.engine_fixtures import VOCAB, run_to_completion, tiny_engine, tiny_hf
 ALPHA = 1e-3
 SAMPLES = 1500  # per parameter set and mode; the power check below shows it is enough
 PROMPT = [5, 9, 11]
-FORMATS = ("float32", "bfloat16", "int8")
+FORMATS = ("float32", "bfloat16", "int8", "int4")
 # every parameter on its own, and all together; each cuts real mass on this model
 PARAMS = {
     "T=0.7": dict(temperature=0.7),
@@ -52,10 +52,10 @@ def warp(logits: np.ndarray, temperature: float = 1.0, top_k: int = 0, top_p: fl
 def target_logits(hf, prompt: list[int], weight_format: str = "float32") -> list[np.ndarray]:
     """The target's next-token logits after the prompt [V], after each first token [V, V] and after
     each pair of first tokens [V, V, V]: all that the marginals of tokens 1-3 depend on. float32 and
-    bfloat16 come from transformers; int8, which transformers does not run, from our runner's
-    prefill (a forward the greedy tests check against target-only decoding)."""
-    if weight_format == "int8":
-        target = TargetModel.from_hf_model(hf, "int8")
+    bfloat16 come from transformers; int8 and int4, which transformers does not run, from our
+    runner's prefill (a forward the greedy tests check against target-only decoding)."""
+    if weight_format in ("int8", "int4"):
+        target = TargetModel.from_hf_model(hf, weight_format)
 
         def next_logits(seqs):
             cache = target.new_kv_cache(len(seqs), len(seqs[0]))
@@ -150,7 +150,8 @@ def test_sampling_batch_probs_equal_the_definition():
 
 
 @pytest.mark.parametrize("mode,fmt", [("target", "float32"), ("full", "float32"), ("scheduled", "float32"),
-                                      ("scheduled", "bfloat16"), ("scheduled", "int8")])
+                                      ("scheduled", "bfloat16"), ("scheduled", "int8"),
+                                      ("scheduled", "int4")])
 def test_served_tokens_follow_the_warped_target_distribution(mode, fmt, expected):
     """All parameter sets in one engine run (rows with different parameters share every batch),
     SAMPLES requests each; tokens 1-3 each tested at ALPHA. Drafting: off (target), every draft

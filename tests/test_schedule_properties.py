@@ -106,6 +106,23 @@ def test_async_planner_without_history_counts_survival_one_and_snaps_to_buckets(
     assert planner.capacity(["a"]) == 7  # no history again: survival 1, best B = 8 (440) -> 7 drafts
 
 
+def test_async_planner_capacity_follows_a_new_table_and_new_history():
+    """capacity() reuses its last decision only while nothing it reads has changed."""
+    pays = SpsTable.from_points([1, 2, 8, 16], [100.0, 99.0, 98.0, 30.0], max_batch_tokens=64)
+    never = SpsTable.from_points(list(range(1, 9)), [100.0 / b ** 1.2 for b in range(1, 9)], max_batch_tokens=64)
+    planner = AsyncPlanner(pays, gamma=7)
+    assert planner.capacity(["a"]) == 7  # no history: survival 1, B = 8 (784) beats B = 1 (100)
+    planner.sps = never  # as the engine swaps in a refitted table
+    assert planner.capacity(["a"]) == 0  # theta = 100 B^-0.2 falls from B = 1
+    planner.sps = pays
+    planner.observe(["a"], torch.full((1, 7), 0.001))
+    planner.observe(["a"], torch.full((1, 7), 0.001))
+    assert planner.capacity(["a"]) == 0  # its lagged confidences: 1.001 x SPS(2) = 99.6 < 100
+    assert planner.capacity(["b"]) == 7  # another request set
+    planner.release("a")
+    assert planner.capacity(["a"]) == 7  # no history again
+
+
 def _slowest_speed(survival, lens, table):
     R = survival.shape[0]
     per_user = 1.0 + torch.stack([survival[r, : lens[r]].double().sum() for r in range(R)])

@@ -131,10 +131,10 @@ def test_manifest_records_cost(tmp_path):
     assert shard["cpu_s"] == 1.0 and shard["sequences"] == 1 and shard["response_tokens"] == 9
 
 
-@pytest.mark.parametrize("fmt", ["bfloat16", "int8"])
+@pytest.mark.parametrize("fmt", ["bfloat16", "int8", "int4"])
 def test_features_in_a_served_weight_format_are_that_models(fmt):
     """build_data --dtype: the features are the hidden states of the target in the format it will
-    be served in (bfloat16: transformers' own bf16 hidden states; int8: our int8 model's forward),
+    be served in (bfloat16: transformers' own bf16 hidden states; int8, int4: our quantized model's forward),
     and the stored statistics are of that model's logits, whose lm_head is real numbers in every
     format."""
     from sglang_dspark.engine.target_model import Segment

@@ -218,6 +218,11 @@ class AsyncPlanner:
         self.last_decision: BudgetDecision | None = None
         self.overhead_seconds = 0.0  # SLA mode: the engine's measured non-forward time per decode step
         self.time_scale = 1.0  # SLA mode: how much slower steps run than the table predicts (engine-measured)
+        # capacity() reads only the table, the histories and the request ids: while none changes (every
+        # undrafted step of a steady batch: nothing is observed) its decision is the last one. On a CPU
+        # with a 9 ms step the search cost 0.2 ms a step.
+        self._history_version = 0
+        self._memo: tuple | None = None  # (table, key, decision)
 
     def _lagged_rows(self, request_ids: Sequence[Hashable]) -> list[torch.Tensor | None]:
         """Each request's confidence row from `lag` steps ago, None without that much history."""
@@ -248,12 +253,17 @@ class AsyncPlanner:
         """Verify budget for this step, from history only (call before drafting)."""
         if not request_ids:
             return 0
-        survival = torch.from_numpy(_host_survival(self._lagged_conf(request_ids)))
-        if self.sla_tok_s_per_user is None:
-            decision = decide_budget(survival, self.sps, early_stop=False)
+        key = (self._history_version, tuple(request_ids), self.overhead_seconds, self.time_scale)
+        if self._memo is not None and self._memo[0] is self.sps and self._memo[1] == key:
+            decision = self._memo[2]
         else:
-            decision = decide_budget_sla(survival, self.sps, self.sla_tok_s_per_user,
-                                         overhead_seconds=self.overhead_seconds, time_scale=self.time_scale)
+            survival = torch.from_numpy(_host_survival(self._lagged_conf(request_ids)))
+            if self.sla_tok_s_per_user is None:
+                decision = decide_budget(survival, self.sps, early_stop=False)
+            else:
+                decision = decide_budget_sla(survival, self.sps, self.sla_tok_s_per_user,
+                                             overhead_seconds=self.overhead_seconds, time_scale=self.time_scale)
+            self._memo = (self.sps, key, decision)
         self.last_decision = decision
         return self.snap(len(request_ids), decision.budget)
 
@@ -299,6 +309,7 @@ class AsyncPlanner:
     def observe(self, request_ids: Sequence[Hashable], conf: torch.Tensor) -> None:
         """Record this step's confidences; they inform the capacity `lag` steps later."""
         conf = conf.detach().to("cpu", torch.float32)
+        self._history_version += 1
         self.rows_observed += conf.shape[0]
         if self.prior == "observed":
             self._prior_sum += conf.sum(dim=0, dtype=torch.float64)
@@ -306,4 +317,5 @@ class AsyncPlanner:
             self._history.setdefault(rid, deque(maxlen=self.lag)).append(conf[i])
 
     def release(self, request_id: Hashable) -> None:
+        self._history_version += 1
         self._history.pop(request_id, None)

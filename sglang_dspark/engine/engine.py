@@ -466,6 +466,7 @@ class Engine:
             "max_running_requests": self.config.max_running,
             "context_length": self.max_len,
             "kv_cache_bytes": self.runner.kv_bytes(),
+            "weight_format": self.runner.target.weight_format,  # engine/weight_format.py
             "dspark_fingerprint": self.identity,
             "internal_states": [state],
         }

@@ -14,8 +14,13 @@ Formats:
 - `int8`: weight-only int8 with one float scale per output row (symmetric, round to nearest), bf16
   activations (`aten._weight_int8pack_mm`); half the bytes of bfloat16. Lossless speculation still
   holds: the engine serves this quantized model and verifies against it.
-- `auto`: bfloat16 where this CPU runs it faster than float32 (timed at load on the model's own
-  weight shapes), else float32. Never int8, which changes the model's outputs.
+- `int4`: the decoder layers' weights in 4-bit groups of 32 with a scale and minimum each (GGUF's
+  Q4_1 block, `aten._weight_int4pack_mm_for_cpu`), bf16 activations; the lm_head (the tied
+  embedding, which GGUF keeps at 8 bits) in int8. For a checkpoint converted from a Q4_1 GGUF these
+  are the GGUF's own integers (engine/quantized_linear.py).
+- `auto`: bfloat16 on a CPU with native bfloat16 dot products (its flags); elsewhere bfloat16 where
+  it runs clearly faster than float32 (timed at load on the model's own weight shapes), else
+  float32. Never int8 or int4, which change the model's outputs.
 
 Everything else in the engine reads the activation dtype from the model (`model_dtype`), so no
 format-specific branch lives outside this file.
@@ -31,22 +36,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang_dspark.engine.format_names import WEIGHT_FORMATS
 from sglang_dspark.engine.one_row_gemv import one_row, pack_one_row_gemv
+from sglang_dspark.engine.quantized_linear import Int4Linear, Int8Linear, quantize_linears
 from sglang_dspark.engine.weight_layout import pack_drafter_for_cpu, pack_linears_for_cpu
 
 logger = logging.getLogger(__name__)
 
-WEIGHT_FORMATS = ("float32", "bfloat16", "int8")
-FORMAT_CHOICES = ("auto",) + WEIGHT_FORMATS
 # auto takes bfloat16 only when it is clearly faster: a close call keeps the checkpoint's values
 AUTO_MIN_SPEEDUP = 1.2
-# ... unless the CPU has bfloat16 dot-product instructions (AVX512_BF16, AMX): there bfloat16 halves
-# the bytes a step streams and computes natively, and a timing that only fails to show 1.2x is a busy
-# neighbour (under a concurrent test run, 1.2x failed here where an idle host measured 2.2-2.7x):
-# bfloat16 unless timed slower than float32: at 8 rows (batched decode, verify) at all, at 1 row by more
-# than 5 %, the spread of the fastest of 5 timings on a shared host (an Intel Xeon with AMX timed 1.03-1.10x
-# at 1 row and 1.77x at 8 within minutes: a 1-row threshold of 1.0 would throw the 8 rows away on noise)
-NATIVE_BF16_MIN_SPEEDUP = {1: 0.95, 8: 1.0}
+# ... and on a CPU with bfloat16 dot-product instructions (AVX512_BF16, AMX) auto takes bfloat16 without
+# timing: it halves the bytes a step streams and computes natively, and every idle measurement found it
+# faster (an Intel Xeon with AMX 1.03-1.10x at 1 row and 1.77x at 8, a 2-core AMD EPYC 1.5-2.7x), while
+# a timing at start measures the neighbours too: four servers starting at once on the AMD EPYC timed
+# bfloat16 at 0.41x and 0.86x at one row in two of them, which took float32 and decoded 1.6x slower
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
@@ -79,41 +82,6 @@ def _check(fmt: str) -> None:
         raise ValueError(f"weight format {fmt!r}: expected one of {', '.join(WEIGHT_FORMATS)}")
 
 
-class Int8Linear(nn.Module):
-    """y = x W^T + b with W stored as int8 [out, in] and one scale per output row."""
-
-    def __init__(self, linear: nn.Linear):
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        w = linear.weight.detach().float()
-        scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0
-        self.register_buffer("weight_int8", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
-        self.register_buffer("scales", scale.to(torch.bfloat16))
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().to(torch.bfloat16),
-                                                                   requires_grad=False)
-
-    def dequantized(self) -> torch.Tensor:
-        """The weight this layer multiplies by, as bfloat16 [out, in]."""
-        return (self.weight_int8.float() * self.scales.float()[:, None]).to(torch.bfloat16)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        out = torch.ops.aten._weight_int8pack_mm(rows, self.weight_int8, self.scales)
-        if self.bias is not None:
-            out = out + self.bias
-        return out.view(*x.shape[:-1], self.out_features)
-
-
-@torch.no_grad()
-def quantize_linears_int8(module: nn.Module) -> int:
-    """Replace every nn.Linear of `module` by an Int8Linear; returns how many."""
-    targets = [(parent, name, child) for parent in module.modules() for name, child in parent.named_children()
-               if type(child) is nn.Linear]
-    for parent, name, child in targets:
-        setattr(parent, name, Int8Linear(child))
-    return len(targets)
-
-
 @torch.no_grad()
 def apply_to_target(model: nn.Module, fmt: str) -> None:
     """Put a target model (loaded in `activation_dtype(fmt)`) into format `fmt`."""
@@ -121,7 +89,10 @@ def apply_to_target(model: nn.Module, fmt: str) -> None:
     if fmt == "float32":
         pack_linears_for_cpu(model)  # float32's fast CPU GEMM layout per row count
     elif fmt == "int8":
-        quantize_linears_int8(model)
+        quantize_linears(model, Int8Linear)
+    elif fmt == "int4":
+        model.lm_head = Int8Linear(model.lm_head)  # GGUF's Q4_1 files keep the (tied) embedding at 8 bits
+        quantize_linears(model, Int4Linear)
     else:  # bfloat16: oneDNN's row-major path, and at one row torch.mv where tuned faster (engine/one_row_gemv.py)
         pack_one_row_gemv(model)
 
@@ -130,7 +101,7 @@ def apply_to_target(model: nn.Module, fmt: str) -> None:
 def apply_to_drafter(drafter: nn.Module, fmt: str) -> None:
     """Put a drafter (loaded in `activation_dtype(fmt)`) into format `fmt`. Its Linear layers are
     small and its largest GEMM reads the shared lm_head's rows, so it stays in the activation dtype
-    under int8 too."""
+    under int8 and int4 too."""
     _check(fmt)
     if fmt == "float32":
         pack_drafter_for_cpu(drafter)
@@ -156,18 +127,19 @@ def _time_stack(weights: list[torch.Tensor], rows: int, dtype: torch.dtype) -> f
 def choose_auto(weights: list[torch.Tensor], *, reps: int = 5,
                 timer: Callable[[list[torch.Tensor], int, torch.dtype], float] = _time_stack,
                 native: list[str] | None = None) -> tuple[str, str]:
-    """(format, reason) for `auto`: every float32 Linear weight of the target in turn (so they stream
-    from memory as in a real step) against the same weights in bfloat16, at 1 and 8 rows,
-    interleaved, the fastest of `reps` each: a busy neighbour only ever adds time, and on a loaded
-    2-core host the medians of 3 once made bfloat16 look slower than float32.
-    bfloat16 from `AUTO_MIN_SPEEDUP` at both, or from `NATIVE_BF16_MIN_SPEEDUP`'s per-row-count
-    ratios where the CPU has native bfloat16 (`native`: its flags, default read from /proc/cpuinfo).
-    `timer(weights, rows, dtype)` -> seconds (tests inject one)."""
+    """(format, reason) for `auto`. Where the CPU has native bfloat16 (`native`: its flags, default
+    read from /proc/cpuinfo): bfloat16, untimed. Elsewhere every float32 Linear weight of the target
+    in turn (so they stream from memory as in a real step) against the same weights in bfloat16, at
+    1 and 8 rows, interleaved, the fastest of `reps` each (a busy neighbour only ever adds time; on a
+    loaded 2-core host medians of 3 once made bfloat16 look slower than float32): bfloat16 from
+    `AUTO_MIN_SPEEDUP` at both. `timer(weights, rows, dtype)` -> seconds (tests inject one)."""
     native = native_bf16_flags() if native is None else native
+    if native:
+        return "bfloat16", (f"this CPU computes bfloat16 natively ({', '.join(native)}), so auto takes bfloat16 "
+                            f"without timing it (a timing at start also measures whatever else starts)")
     bf16 = [w.to(torch.bfloat16) for w in weights]
     ratios = []
-    row_counts = (1, 8)
-    for rows in row_counts:
+    for rows in (1, 8):
         times = {"float32": [], "bfloat16": []}
         for i in range(reps + 1):
             for name, ws, dt in (("float32", weights, torch.float32), ("bfloat16", bf16, torch.bfloat16)):
@@ -175,10 +147,6 @@ def choose_auto(weights: list[torch.Tensor], *, reps: int = 5,
                 if i:  # the first round warms both up
                     times[name].append(seconds)
         ratios.append(min(times["float32"]) / min(times["bfloat16"]))
-    thresholds = [NATIVE_BF16_MIN_SPEEDUP[rows] if native else AUTO_MIN_SPEEDUP for rows in row_counts]
-    fmt = "bfloat16" if all(r >= t for r, t in zip(ratios, thresholds)) else "float32"
-    reason = (f"bfloat16 Linear layers timed {ratios[0]:.2f}x (1 row) and {ratios[1]:.2f}x (8 rows) float32's speed "
-              f"on this CPU; " + (f"it has native bfloat16 ({', '.join(native)}), so auto takes bfloat16 unless "
-                                  f"timed slower (at 1 row by more than 5 %)" if native
-                                  else f"auto takes bfloat16 from {AUTO_MIN_SPEEDUP:.1f}x"))
-    return fmt, reason
+    fmt = "bfloat16" if all(r >= AUTO_MIN_SPEEDUP for r in ratios) else "float32"
+    return fmt, (f"bfloat16 Linear layers timed {ratios[0]:.2f}x (1 row) and {ratios[1]:.2f}x (8 rows) float32's "
+                 f"speed on this CPU; auto takes bfloat16 from {AUTO_MIN_SPEEDUP:.1f}x")

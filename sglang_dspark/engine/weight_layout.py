@@ -122,6 +122,7 @@ def tune_layouts(modules: Iterable[nn.Module], *, max_rows: int = TUNED_ROWS, re
         for linear in linears:
             linear.row_major_rows = frozenset(row_major)
         chosen[(out, inn)] = frozenset(row_major)
-    logger.info("CPU weight layouts tuned: row-major at rows %s",
-                {f"{o}x{i}": sorted(r) for (o, i), r in chosen.items()})
+    if chosen:  # only float32 models carry two layouts
+        logger.info("CPU weight layouts tuned: row-major at rows %s",
+                    {f"{o}x{i}": sorted(r) for (o, i), r in chosen.items()})
     return chosen

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from sglang_dspark.core.schema import error_line
 from sglang_dspark.help_format import DefaultsHelpFormatter, OneLineErrorParser
+from sglang_dspark.engine.format_names import FORMAT_CHOICES
 from sglang_dspark.profile.schema import ProfileError, SlaProfile, SlaTier
 
 EXIT_ERROR = 2
@@ -227,7 +228,7 @@ def _add_capture(sub) -> None:
     p.add_argument("--tier", action="append", default=[], metavar="NAME:TOK_S:TTFT_S:CONCURRENCY",
                    help="SLA tier to record, e.g. interactive:20:2:4 (repeatable)")
     p.add_argument("--seed", type=int, default=0, help="seed of the probe order and the engine")
-    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "int8"), default="auto",
+    p.add_argument("--dtype", choices=FORMAT_CHOICES, default="auto",
                    help="weight format of the engine measured, as launch --dtype (auto: timed on this CPU); the "
                         "profile's fingerprint records it")
     p.add_argument("--cache-dir", type=Path, default=Path("~/.cache/sglang_dspark/models"), help="where zoo models live")

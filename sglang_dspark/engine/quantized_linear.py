@@ -1,0 +1,111 @@
+"""Weight-only quantized Linear layers for the CPU reference engine (bfloat16 activations).
+
+- `Int8Linear`: int8 weights, one scale per output row (symmetric, round to nearest), through
+  `aten._weight_int8pack_mm`.
+- `Int4Linear`: 4-bit weights in groups of 32 along the input, each group with its own scale and
+  minimum: GGUF's Q4_1 block, through `aten._weight_int4pack_mm_for_cpu`. A checkpoint converted
+  from a Q4_1 GGUF (the zoo's SmolLM2) holds exactly d * q + m per block, with q = 0 at the block's
+  minimum and q = 15 at its maximum, so min-max quantization recovers the GGUF's own integers; the
+  scales and minima are then rounded to bfloat16, the kernel's dtype.
+
+Both kernels compute each row of x on its own: a row's output does not depend on how many rows it
+shares a call with (tests/test_weight_format.py checks it on this CPU's kernels), which keeps a
+verify block's rows equal to the one-row decodes they replace.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+INT4_GROUP = 32  # Q4_1's block size
+INT4_LEVELS = 15
+# the kernel dequantizes (q - 8) * scale + zero; packing needs N divisible by 16
+_INT4_OFFSET, _INT4_N_MULTIPLE, _INT4_INNER_K_TILES = 8, 16, 8
+
+
+def _bias(linear: nn.Linear) -> nn.Parameter | None:
+    return None if linear.bias is None else nn.Parameter(linear.bias.detach().to(torch.bfloat16), requires_grad=False)
+
+
+class Int8Linear(nn.Module):
+    """y = x W^T + b with W stored as int8 [out, in] and one scale per output row."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        w = linear.weight.detach().float()
+        scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0
+        self.register_buffer("weight_int8", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
+        self.register_buffer("scales", scale.to(torch.bfloat16))
+        self.bias = _bias(linear)
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight this layer multiplies by, as bfloat16 [out, in]."""
+        return (self.weight_int8.float() * self.scales.float()[:, None]).to(torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        out = torch.ops.aten._weight_int8pack_mm(rows, self.weight_int8, self.scales)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.view(*x.shape[:-1], self.out_features)
+
+
+def int4_groups(w: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q [out, in] int32 in 0..15, scale [out, in/group], minimum [out, in/group]) with
+    w ~= q * scale + minimum per group: min-max, round to nearest."""
+    n, k = w.shape
+    g = w.float().view(n, k // group, group)
+    lo, hi = g.amin(-1), g.amax(-1)
+    scale = ((hi - lo) / INT4_LEVELS).clamp_min(1e-12)  # a constant group: q = 0, its value in the minimum
+    q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, INT4_LEVELS).to(torch.int32)
+    return q.view(n, k), scale, lo
+
+
+def int4_fits(linear: nn.Linear) -> bool:
+    return linear.in_features % INT4_GROUP == 0 and linear.out_features % _INT4_N_MULTIPLE == 0
+
+
+class Int4Linear(nn.Module):
+    """y = x W^T + b with W stored as 4-bit groups of 32 (scale and minimum per group), packed for
+    the CPU kernel."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        if not int4_fits(linear):
+            raise ValueError(f"int4 needs in_features % {INT4_GROUP} == 0 and out_features % {_INT4_N_MULTIPLE} == 0, "
+                             f"got {linear.in_features} -> {linear.out_features}")
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        q, scale, lo = int4_groups(linear.weight.detach())
+        zero = lo + _INT4_OFFSET * scale
+        self.register_buffer("weight_int4", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, _INT4_INNER_K_TILES))
+        # [in/group, out, 2], as the kernel reads it
+        self.register_buffer("scales_and_zeros",
+                             torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(torch.bfloat16))
+        self.bias = _bias(linear)
+
+    def _mm(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.weight_int4, INT4_GROUP, self.scales_and_zeros)
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight this layer multiplies by, as bfloat16 [out, in] (the kernel applied to the identity)."""
+        return self._mm(torch.eye(self.in_features, dtype=torch.bfloat16)).T.contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self._mm(x.reshape(-1, self.in_features).to(torch.bfloat16))
+        if self.bias is not None:
+            out = out + self.bias
+        return out.view(*x.shape[:-1], self.out_features)
+
+
+@torch.no_grad()
+def quantize_linears(module: nn.Module, kind: type[nn.Module]) -> int:
+    """Replace every plain nn.Linear of `module` by `kind(linear)` (Int4Linear falls back to
+    Int8Linear where the shape does not fit its kernel); returns how many."""
+    targets = [(parent, name, child) for parent in module.modules() for name, child in parent.named_children()
+               if type(child) is nn.Linear]
+    for parent, name, child in targets:
+        layer_kind = Int8Linear if kind is Int4Linear and not int4_fits(child) else kind
+        setattr(parent, name, layer_kind(child))
+    return len(targets)

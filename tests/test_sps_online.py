@@ -150,3 +150,25 @@ def test_drafted_prices_of_a_prior_follow_this_hosts_drafted_steps_at_once():
     assert est.prior_scale == pytest.approx(1.0, rel=0.05)
     assert est.prior_draft_scale == pytest.approx(0.080 / 0.052, rel=0.1)
     assert 1.0 / est.table()(1, num_requests=1, drafted=False) == pytest.approx(0.040, rel=0.05)
+
+
+def test_with_a_fit_share_regular_refits_wait_until_the_steps_paid_for_the_last_fit():
+    """Refits run on the engine's thread: with `fit_share` a regular refit waits until the steps
+    since the last one took 1 / fit_share times as long as that fit. The clock here makes every
+    fit take 50 ms against steps of 10 ms: at 1 % a refit every 500 steps, not every 16."""
+    now = [0.0]
+
+    def clock():
+        now[0] += 0.050  # a fit reads it twice: 50 ms each
+        return now[0]
+
+    def refits(**kwargs):
+        est = OnlineSpsEstimator(**kwargs)
+        for _ in range(1020):
+            est.observe(1, 1, False, 0.010)
+            est.table()
+        return est.refits
+
+    early = 5  # steps 1 (the first table), 2, 4, 8 and 16
+    assert refits() == early + (1008 - 16) // 16  # steps 32, 48, ..., 1008
+    assert refits(fit_share=0.01, clock=clock) == early + 2  # after 5 s of steps: about 516 and 1016

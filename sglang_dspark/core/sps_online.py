@@ -21,11 +21,16 @@ have not covered yet, with the weight of `prior_weight` steps in all: its undraf
 the median measured / prior ratio of undrafted steps, its drafted prices by that of drafted steps
 (hosts differ in both: an Intel and an AMD CPU with the same BLAS priced a 2-token verify at 1.45x
 and 2x a 1-token step); steps 1, 2, 4, ... 16, and the first few drafted ones, each trigger a refit.
+After that a refit is due every `refit_every` steps, and with `fit_share` no sooner than when the
+steps since the last one took `1 / fit_share` times as long as that fit took (the engine's learner:
+a fit of 2-3 ms every 16 steps of 9 ms, int4 on a 2-core CPU, was 2 % of the engine's time).
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,8 +62,12 @@ def _weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
 
 class OnlineSpsEstimator:
     def __init__(self, *, prior: SpsTable | None = None, prior_weight: float = 16.0, capacity: int = 2048,
-                 half_life: float = 64.0, refit_every: int = 16, outlier_mads: float = 4.0):
+                 half_life: float = 64.0, refit_every: int = 16, outlier_mads: float = 4.0,
+                 fit_share: float | None = None, clock: Callable[[], float] = time.perf_counter):
         self.prior, self.prior_weight = prior, prior_weight
+        self.fit_share, self.clock = fit_share, clock
+        self._fit_seconds = 0.0  # how long table()'s last fit took (0 where fits run elsewhere)
+        self._seconds_since_fit = 0.0  # step time observed since the last refit
         self.half_life, self.refit_every, self.outlier_mads = half_life, refit_every, outlier_mads
         self.samples: deque[StepSample] = deque(maxlen=capacity)
         self.steps = 0  # steps observed, ever
@@ -78,6 +87,7 @@ class OnlineSpsEstimator:
             self.samples.append(StepSample(num_requests, batch_tokens, drafted, seconds, self.steps))
             if drafted:
                 self._drafted_by_r[num_requests] += 1
+            self._seconds_since_fit += seconds
         self.steps += 1
 
     @property
@@ -97,13 +107,17 @@ class OnlineSpsEstimator:
         # thread: refitting each of the first 16 steps cost a short run about 1 %.)
         drafted = sum(self._drafted_by_r.values())
         early = self.steps <= self.refit_every and self.steps & (self.steps - 1) == 0
-        return (self._table is None or self.steps - self.fitted_at >= self.refit_every
-                or early or self._drafted_at_fit < drafted <= EAGER_DRAFTED_REFITS)
+        regular = self.steps - self.fitted_at >= self.refit_every and (
+            self.fit_share is None or self._seconds_since_fit * self.fit_share >= self._fit_seconds)
+        return (self._table is None or regular or early or self._drafted_at_fit < drafted <= EAGER_DRAFTED_REFITS)
 
     def table(self) -> SpsTable | None:
         """The current table (refit after every `refit_every` new steps); None before any step."""
         if self.refit_due:
-            self.adopt(self.fit(self.snapshot()), self.steps)
+            start = self.clock()
+            table = self.fit(self.snapshot())
+            self._fit_seconds = self.clock() - start
+            self.adopt(table, self.steps)
         return self._table
 
     # A caller whose thread must not wait for a fit (SGLang's scheduler) takes a snapshot there,
@@ -114,6 +128,7 @@ class OnlineSpsEstimator:
 
     def adopt(self, table: SpsTable | None, steps: int) -> None:
         self._table, self.fitted_at, self.refits = table, steps, self.refits + 1
+        self._seconds_since_fit = 0.0
 
     def fit(self, samples: list[StepSample]) -> SpsTable | None:
         """A table fitted to `samples` (a snapshot) and the prior; None with neither."""

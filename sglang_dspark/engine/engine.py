@@ -243,7 +243,7 @@ class Engine:
         self.metrics.verify_tokens.observe(num_tokens)
         self.metrics.budget.observe(d.plan.capacity)
         self.metrics.verify_steps.inc()
-        if self.gamma:
+        if drafted:  # an undrafted step verifies and accepts no position: nothing to count
             verified = [int((d.lens > k).sum()) for k in range(self.gamma)]
             accepted = [int((d.num_accepted > k).sum()) for k in range(self.gamma)]
             self.metrics.observe_positions(verified, accepted)

@@ -20,6 +20,7 @@ import torch
 from common import ROOT
 
 from sglang_dspark import zoo
+from sglang_dspark.engine.format_names import WEIGHT_FORMATS
 from sglang_dspark.evaluate import greedy_equality
 
 DRAFT = ROOT / "launch" / "models" / "smollm2-135m-instruct-dspark"
@@ -32,7 +33,7 @@ def main() -> int:
     p.add_argument("--prompts", type=int, default=20)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "int8", "int4"),
+    p.add_argument("--dtype", default="float32", choices=WEIGHT_FORMATS,
                    help="weight format of our engine and the reference (default float32; int8 and int4 with --reference target)")
     p.add_argument("--max-running", type=int, default=None,
                    help="prompts our engine decodes together (default: all; 1 for one row at a time)")

@@ -115,8 +115,9 @@ def server_command(arm: str, args, peer_python: Path, gguf: Path) -> list[str]:
     return ours + (["--mode", "target"] if mode == "target" else [])
 
 
-def start_servers(arms: list[str], args, peer_python: Path, gguf: Path, log_dir: Path) -> dict:
-    servers = {}
+def start_servers(servers: dict, arms: list[str], args, peer_python: Path, gguf: Path, log_dir: Path) -> None:
+    """Start each arm's server into `servers` (arm -> (process, url, log)); the caller stops them,
+    those already started too when one fails."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(args.threads)}
     for arm in arms:  # one at a time: what a server times at start (auto, kernels) sees an idle host
         port = free_port()
@@ -125,19 +126,19 @@ def start_servers(arms: list[str], args, peer_python: Path, gguf: Path, log_dir:
                                 stderr=subprocess.STDOUT, env=env, cwd=ROOT)
         servers[arm] = (proc, f"http://127.0.0.1:{port}", log)
         wait_ready(servers[arm][1], proc)
-        print(f"{arm} ready on {servers[arm][1]}{served_format(servers[arm][1])}", flush=True)
-    return servers
+        fmt = served_format(servers[arm][1])
+        print(f"{arm} ready on {servers[arm][1]}" + (f", weights {fmt}" if fmt else ""), flush=True)
 
 
 def served_format(url: str) -> str:
-    """`, weights FORMAT` for one of our servers (its /server_info), else ''."""
+    """The weight format one of our servers reports (its /server_info), else ''."""
     import httpx
 
     try:
         fmt = httpx.get(f"{url}/server_info", timeout=10).json().get("weight_format")
     except (httpx.HTTPError, ValueError):
         return ""
-    return f", weights {fmt}" if fmt else ""
+    return fmt or ""
 
 
 def http_request(url: str, prompt: str, max_tokens: int) -> dict:
@@ -208,7 +209,7 @@ def main() -> int:
                         "libggml-cpu, and -DGGML_NATIVE=OFF with AVX-512 flags ran)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/peer_llamacpp.json", help="JSON output")
     args = p.parse_args()
-    arms = [a for a in args.arms.split(",") if a]
+    arms = list(dict.fromkeys(a for a in args.arms.split(",") if a))  # each once: one server per arm
     if not arms or set(arms) - set(ARMS) - set(OURS_IN_FORMAT):
         raise SystemExit(f"--arms: of {', '.join(ARMS)} or ours-target-FORMAT / ours-dspark-FORMAT; got {args.arms}")
     http_arms = [a for a in arms if a != "llamacpp-inproc"]
@@ -219,8 +220,10 @@ def main() -> int:
     peer_python, gguf = ensure_venv(args.venv), gguf_path()
     samples = {arm: [] for arm in arms}
     with tempfile.TemporaryDirectory() as logs:
-        servers = start_servers(http_arms, args, peer_python, gguf, Path(logs))
+        servers, formats = {}, {}
         try:
+            start_servers(servers, http_arms, args, peer_python, gguf, Path(logs))
+            formats = {arm: served_format(url) for arm, (_, url, _) in servers.items() if arm.startswith("ours")}
             for arm in http_arms:  # one unmeasured request each: first-call costs
                 served_request(servers, arm, prompts[0], 8)
             for rep in range(args.repeats):
@@ -246,6 +249,7 @@ def main() -> int:
 
     result = {"benchmark": "peer_llamacpp", "peer": LLAMA_CPP, "gguf": gguf.name, "hardware": hardware_id(),
               "platform": platform.platform(), "threads": args.threads, "dtype": args.dtype,
+              "served_weight_formats": formats,
               "max_tokens": args.max_tokens, "prompts": args.prompts, "repeats": args.repeats, "arms": table,
               "samples": samples}
     args.out.parent.mkdir(parents=True, exist_ok=True)

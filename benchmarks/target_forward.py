@@ -28,6 +28,8 @@ import torch
 
 from common import ROOT
 
+from sglang_dspark.engine.format_names import WEIGHT_FORMATS
+
 CTX = 200
 CASES = [(1, b) for b in (1, 2, 3, 4, 6, 8, 12, 16)] + [(4, b) for b in (1, 2, 3, 4)]  # (R, tokens per request)
 
@@ -70,7 +72,7 @@ def timed(fns: dict, reps: int, warmup: int = 2) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct", help="target directory or zoo name")
-    ap.add_argument("--formats", default="float32,bfloat16,int8,int4", help="weight formats (engine/weight_format.py)")
+    ap.add_argument("--formats", default=",".join(WEIGHT_FORMATS), help="weight formats (engine/weight_format.py)")
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     ap.add_argument("--reps", type=int, default=9, help="timed calls per case and format")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/target_forward.json", help="JSON output")

@@ -115,6 +115,27 @@ def test_launch_hands_the_profile_tables_and_tier_to_the_engine(monkeypatch, set
     assert captured["app"] == {"served_model_name": "target", "api_key": "k", "admin_api_key": "a", "tool_call_parser": None}
 
 
+def test_a_seed_is_taken_in_the_launchs_weight_format_first(setup, tmp_path, monkeypatch, caplog):
+    """Shipped profiles from other hardware in two formats: the seed is the one in the format this
+    launch runs, whatever their file order (`...-int4.yaml` sorts before `....yaml`)."""
+    target, draft, _ = setup
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    base = make_profile(engine="reference", target_dir=target, draft_dir=draft)
+    for suffix, fmt in (("-int4", "int4"), ("", "float32")):
+        fp = base.fingerprint.model_copy(update={"hardware": "cpu: Elsewhere x64", "weight_format": fmt})
+        base.replaced(fingerprint=fp, name=f"tiny-cpu-elsewhere{suffix}").save(shipped / f"tiny-cpu-elsewhere{suffix}.yaml")
+    monkeypatch.setattr(launch, "resolve_model", lambda model, engine, cache_dir, materialise: (str(target), "tiny"))
+    monkeypatch.setattr(launch.zoo, "SHIPPED_PROFILES", shipped)
+    for dtype, expected in (("float32", "tiny-cpu-elsewhere.yaml"), ("int4", "tiny-cpu-elsewhere-int4.yaml")):
+        caplog.clear()
+        with caplog.at_level("INFO", logger="sglang_dspark.launch"):
+            assert launch.main(["--model", "tiny", "--draft", str(draft), "--engine", "reference", "--dry-run",
+                                "--dtype", dtype]) == 0
+        (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("profile (shipped)")]
+        assert f"{shipped / expected} " in line, line
+
+
 def test_a_zoo_models_shipped_profile_serves_sla_tier_even_as_a_seed(setup, tmp_path, monkeypatch, capsys):
     """A zoo model out of the box: the shipped profile, measured on other hardware, seeds the
     learned table, and its tiers are what --sla-tier names."""

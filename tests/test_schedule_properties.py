@@ -115,12 +115,13 @@ def test_async_planner_capacity_follows_a_new_table_and_new_history():
     planner.sps = never  # as the engine swaps in a refitted table
     assert planner.capacity(["a"]) == 0  # theta = 100 B^-0.2 falls from B = 1
     planner.sps = pays
-    planner.observe(["a"], torch.full((1, 7), 0.001))
+    assert planner.capacity(["a"]) == 7
+    planner.observe(["a"], torch.full((1, 7), 0.001))  # the same table and requests, new history
     planner.observe(["a"], torch.full((1, 7), 0.001))
     assert planner.capacity(["a"]) == 0  # its lagged confidences: 1.001 x SPS(2) = 99.6 < 100
-    assert planner.capacity(["b"]) == 7  # another request set
     planner.release("a")
     assert planner.capacity(["a"]) == 7  # no history again
+    assert planner.capacity(["b"]) == 7  # another request set
 
 
 def _slowest_speed(survival, lens, table):

@@ -155,7 +155,8 @@ def test_drafted_prices_of_a_prior_follow_this_hosts_drafted_steps_at_once():
 def test_with_a_fit_share_regular_refits_wait_until_the_steps_paid_for_the_last_fit():
     """Refits run on the engine's thread: with `fit_share` a regular refit waits until the steps
     since the last one took 1 / fit_share times as long as that fit. The clock here makes every
-    fit take 50 ms against steps of 10 ms: at 1 % a refit every 500 steps, not every 16."""
+    fit take 50 ms against steps of 10 ms: at 1 % a refit would wait 500 steps; it comes after
+    MAX_REFIT_DELAY x 16 = 128 (a stalled fit must not hold the table for long), not after 16."""
     now = [0.0]
 
     def clock():
@@ -171,4 +172,5 @@ def test_with_a_fit_share_regular_refits_wait_until_the_steps_paid_for_the_last_
 
     early = 5  # steps 1 (the first table), 2, 4, 8 and 16
     assert refits() == early + (1008 - 16) // 16  # steps 32, 48, ..., 1008
-    assert refits(fit_share=0.01, clock=clock) == early + 2  # after 5 s of steps: about 516 and 1016
+    assert refits(fit_share=0.01, clock=clock) == early + 7  # steps 144, 272, ..., 912
+    assert refits(fit_share=0.01, clock=lambda: 0.0) == refits()  # fits that take no time: every 16 steps

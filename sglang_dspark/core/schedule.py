@@ -253,7 +253,7 @@ class AsyncPlanner:
         """Verify budget for this step, from history only (call before drafting)."""
         if not request_ids:
             return 0
-        key = (self._history_version, tuple(request_ids), self.overhead_seconds, self.time_scale)
+        key = (self._history_version, tuple(request_ids), self.sla_tok_s_per_user, self.overhead_seconds, self.time_scale)
         if self._memo is not None and self._memo[0] is self.sps and self._memo[1] == key:
             decision = self._memo[2]
         else:

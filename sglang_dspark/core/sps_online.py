@@ -22,7 +22,8 @@ the median measured / prior ratio of undrafted steps, its drafted prices by that
 (hosts differ in both: an Intel and an AMD CPU with the same BLAS priced a 2-token verify at 1.45x
 and 2x a 1-token step); steps 1, 2, 4, ... 16, and the first few drafted ones, each trigger a refit.
 After that a refit is due every `refit_every` steps, and with `fit_share` no sooner than when the
-steps since the last one took `1 / fit_share` times as long as that fit took (the engine's learner:
+steps since the last one took `1 / fit_share` times as long as that fit took, or `MAX_REFIT_DELAY`
+intervals passed (the engine's learner:
 a fit of 2-3 ms every 16 steps of 9 ms, int4 on a 2-core CPU, was 2 % of the engine's time).
 """
 
@@ -43,6 +44,7 @@ from sglang_dspark.core.sps_fit import fit_step_table
 PROHIBITIVE_SECONDS = 10.0  # what a drafted step costs in a table that has never seen one
 HOST_WINDOW = 33  # steps over which the host's speed (measured / fitted) is taken as constant
 EAGER_DRAFTED_REFITS = 8  # up to this many drafted samples held, each one refits the table at once
+MAX_REFIT_DELAY = 8  # with a fit_share, a regular refit still comes after this many refit_every intervals
 
 
 @dataclass(frozen=True)
@@ -107,8 +109,10 @@ class OnlineSpsEstimator:
         # thread: refitting each of the first 16 steps cost a short run about 1 %.)
         drafted = sum(self._drafted_by_r.values())
         early = self.steps <= self.refit_every and self.steps & (self.steps - 1) == 0
-        regular = self.steps - self.fitted_at >= self.refit_every and (
-            self.fit_share is None or self._seconds_since_fit * self.fit_share >= self._fit_seconds)
+        since = self.steps - self.fitted_at
+        regular = since >= self.refit_every and (
+            self.fit_share is None or self._seconds_since_fit * self.fit_share >= self._fit_seconds
+            or since >= MAX_REFIT_DELAY * self.refit_every)  # one stalled fit must not hold the table for long
         return (self._table is None or regular or early or self._drafted_at_fit < drafted <= EAGER_DRAFTED_REFITS)
 
     def table(self) -> SpsTable | None:

@@ -13,7 +13,7 @@ from sglang_dspark.engine.engine import Engine, EngineConfig
 from sglang_dspark.engine.heap import release_freed_memory
 from sglang_dspark.engine.one_row_gemv import tune_one_row_kernels
 from sglang_dspark.engine.target_model import TargetModel
-from sglang_dspark.engine.weight_format import activation_dtype, apply_to_drafter, choose_auto
+from sglang_dspark.engine.weight_format import activation_dtype, apply_to_drafter, choose_auto, native_bf16_flags
 from sglang_dspark.engine.weight_layout import tune_layouts
 
 logger = logging.getLogger(__name__)
@@ -26,6 +26,9 @@ def resolve_weight_format(weight_format: str, model_dir) -> tuple[str, str]:
     Call after setting torch's thread count."""
     if weight_format != "auto":
         return weight_format, "as requested"
+    native = native_bf16_flags()
+    if native:  # decided by the flags: nothing to time
+        return choose_auto([], native=native)
     import glob
 
     from safetensors import safe_open

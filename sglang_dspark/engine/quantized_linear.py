@@ -6,7 +6,9 @@
   minimum: GGUF's Q4_1 block, through `aten._weight_int4pack_mm_for_cpu`. A checkpoint converted
   from a Q4_1 GGUF (the zoo's SmolLM2) holds exactly d * q + m per block, with q = 0 at the block's
   minimum and q = 15 at its maximum, so min-max quantization recovers the GGUF's own integers; the
-  scales and minima are then rounded to bfloat16, the kernel's dtype.
+  kernel takes each group's scale and zero point (minimum + 8 scales, about the group's middle) in
+  bfloat16, its dtype, so those two are rounded (a group far from zero relative to its range loses
+  resolution: 100 + U(0, 0.01) comes back as 100.0; weights sit around zero).
 
 Both kernels compute each row of x on its own: a row's output does not depend on how many rows it
 shares a call with (tests/test_weight_format.py checks it on this CPU's kernels), which keeps a
@@ -45,7 +47,7 @@ class Int8Linear(nn.Module):
         return (self.weight_int8.float() * self.scales.float()[:, None]).to(torch.bfloat16)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()  # the kernels refuse strided rows
         out = torch.ops.aten._weight_int8pack_mm(rows, self.weight_int8, self.scales)
         if self.bias is not None:
             out = out + self.bias
@@ -93,7 +95,7 @@ class Int4Linear(nn.Module):
         return self._mm(torch.eye(self.in_features, dtype=torch.bfloat16)).T.contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self._mm(x.reshape(-1, self.in_features).to(torch.bfloat16))
+        out = self._mm(x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous())
         if self.bias is not None:
             out = out + self.bias
         return out.view(*x.shape[:-1], self.out_features)

@@ -54,6 +54,20 @@ def _gauges(base: str) -> tuple[float, float]:
     return value["sglang_dspark_num_running_reqs"], value["sglang_dspark_num_queued_reqs"]
 
 
+def _taken_and_running(base: str) -> tuple[float, float]:
+    """(requests the server has taken: running, queued or finished; running), from one /metrics read."""
+    text = httpx.get(f"{base}/metrics").text
+    running = queued = finished = 0.0
+    for line in text.splitlines():
+        if line.startswith("sglang_dspark_num_running_reqs "):
+            running = float(line.split()[1])
+        elif line.startswith("sglang_dspark_num_queued_reqs "):
+            queued = float(line.split()[1])
+        elif line.startswith("sglang_dspark_requests_finished_total{"):
+            finished += float(line.split()[-1])
+    return running + queued + finished, running
+
+
 def _until(predicate, timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -130,7 +144,10 @@ def test_sigterm_drains_every_request_to_a_response(tmp_path):
         for t in threads:
             t.start()
         started.wait(10)
-        assert _until(lambda: _gauges(base)[0] >= 4, timeout=30)  # a load run is on
+        # every request reached the server and the long ones run (the short ones may already be done:
+        # 60 tokens of the tiny model can finish between two polls, so "4 running" was a race)
+        assert _until(lambda: (lambda taken, running: taken >= 6 and running >= 3)(*_taken_and_running(base)),
+                      timeout=30)
         proc.send_signal(signal.SIGTERM)
         for t in threads:
             t.join(timeout=60)

@@ -1,10 +1,19 @@
-"""Latency of one DSparkDrafter.draft call (gamma tokens per request) on CPU.
+"""Latency of one DSparkDrafter.draft call (gamma tokens per request) as the engine makes it, on CPU.
 
-    python benchmarks/drafter_speed.py [--draft DIR] [--context 200] [--threads 2]
+    python benchmarks/drafter_speed.py [--dtype auto] [--context 300] [--staged 2] [--repeats 5]
 
-Median of repeated calls at R = 1 and R = 16 requests, each with `--context` cached positions;
-writes benchmarks/results/drafter_speed.json. The host's load average is recorded alongside,
-because these machines are shared.
+Each call first stages `--staged` new context positions per request (the target's hidden states of
+the last step's committed tokens, which the draft call projects: `DraftKVCache.flush`), then drafts
+one block with the sampler the engine would pick:
+
+- `sampled`: temperature 1 through `SamplingBatch.draft_sampler` (softmax, inverse CDF, probs kept),
+- `greedy_onehot`: `greedy_sampler` (argmax and its one-hot distribution per position),
+- `greedy_argmax`: the engine's all-greedy path (`argmax_sampler`: the argmax only; its
+  verification compares argmaxes and reads no distribution).
+
+Arms alternate within each repeat (balanced order) at R = 1 and 16 requests; the table gives the
+median over repeats of each repeat's median call, and each arm's ratio to `greedy_onehot` from the
+same repeats. Writes benchmarks/results/drafter_speed.json with the host's load average.
 """
 
 from __future__ import annotations
@@ -19,49 +28,82 @@ from pathlib import Path
 
 import torch
 
-from common import ROOT, load_pair
+from common import ROOT, balanced_order, load_pair
 
-from sglang_dspark.drafter import DraftKVCache, greedy_sampler, temperature_sampler
+from sglang_dspark.drafter import DraftKVCache, argmax_sampler, greedy_sampler
+from sglang_dspark.engine.sampling import SamplingBatch, SamplingParams
 
 DRAFT = ROOT / "launch" / "models" / "smollm2-135m-instruct-dspark"
+ARMS = ("sampled", "greedy_onehot", "greedy_argmax")
 
 
-def time_draft(drafter, num_requests: int, context: int, repeats: int, sampler) -> float:
-    feat = len(drafter.config.target_layer_ids) * drafter.config.hidden_size
-    cache = DraftKVCache(drafter, num_slots=num_requests, max_len=context + 16)
-    for slot in range(num_requests):
-        cache.append(slot, torch.arange(context), torch.randn(context, feat))
-    slots = list(range(num_requests))
-    anchors = torch.randint(0, drafter.config.vocab_size, (num_requests,))
-    pos = torch.full((num_requests,), context)
-    drafter.draft(cache, slots, anchors, pos, sampler=sampler)  # warm-up
-    times = []
-    for _ in range(repeats):
+class Bench:
+    """R requests with `context` cached positions, each call staging `staged` more."""
+
+    def __init__(self, drafter, num_requests: int, context: int, staged: int, max_calls: int):
+        self.drafter, self.r, self.staged = drafter, num_requests, staged
+        self.feat = len(drafter.config.target_layer_ids) * drafter.config.hidden_size
+        self.cache = DraftKVCache(drafter, num_slots=num_requests, max_len=context + staged * max_calls + 1)
+        for slot in range(num_requests):
+            self.cache.append(slot, torch.arange(context), torch.randn(context, self.feat))
+        self.cache.flush()
+        self.pos = context
+        self.anchors = torch.randint(0, drafter.config.vocab_size, (num_requests,))
+        batch = SamplingBatch.build([SamplingParams(temperature=1.0)] * num_requests, [None] * num_requests,
+                                    torch.Generator().manual_seed(0))
+        self.samplers = {"sampled": batch.draft_sampler(drafter.draft_vocab), "greedy_onehot": greedy_sampler,
+                         "greedy_argmax": argmax_sampler}
+
+    def call(self, arm: str) -> float:
+        """Seconds of one draft call, its flush of the newly staged positions included."""
+        hidden = torch.randn(self.staged, self.feat).to(self.drafter.dtype)
+        for slot in range(self.r):
+            self.cache.append(slot, torch.arange(self.pos, self.pos + self.staged), hidden)
+        self.pos += self.staged
         t0 = time.perf_counter()
-        drafter.draft(cache, slots, anchors, pos, sampler=sampler)
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
+        self.drafter.draft(self.cache, list(range(self.r)), self.anchors, torch.full((self.r,), self.pos),
+                           sampler=self.samplers[arm])
+        return time.perf_counter() - t0
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="smollm2-135m-instruct", help="target directory or zoo name")
-    p.add_argument("--draft", default=str(DRAFT))
-    p.add_argument("--context", type=int, default=200)
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "drafter_speed.json"))
+    p.add_argument("--draft", default=str(DRAFT), help="drafter directory")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "int8", "int4"],
+                   help="weight format of both models, as launch --dtype")
+    p.add_argument("--context", type=int, default=300, help="cached context positions per request at the start")
+    p.add_argument("--staged", type=int, default=2, help="new positions each request stages before each call")
+    p.add_argument("--calls", type=int, default=15, help="timed calls per arm, request count and repeat")
+    p.add_argument("--repeats", type=int, default=5, help="repeats, arms alternating")
+    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "drafter_speed.json"), help="JSON output path")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    _, _, drafter = load_pair(args.target, args.draft)
-    gen = torch.Generator().manual_seed(0)
-    result = {"draft": args.draft, "context": args.context, "threads": args.threads,
-              "gamma": drafter.gamma, "load_average_before": os.getloadavg()[0], "ms_per_draft_call": {}}
-    for name, sampler in (("temperature_1", temperature_sampler(1.0, gen)), ("greedy", greedy_sampler)):
-        for r in (1, 16):
-            ms = time_draft(drafter, r, args.context, args.repeats, sampler)
-            result["ms_per_draft_call"][f"{name}_R{r}"] = ms
-            print(f"{name:>13} R={r:>2}: {ms:7.1f} ms per draft call ({drafter.gamma} tokens/request)")
+    target, _, drafter = load_pair(args.target, args.draft, args.dtype)
+    result = {"draft": args.draft, "weight_format": target.weight_format, "context": args.context,
+              "staged": args.staged, "threads": args.threads, "gamma": drafter.gamma,
+              "draft_vocab": None if drafter.draft_vocab is None else int(drafter.draft_vocab.numel()),
+              "load_average_before": os.getloadavg()[0], "ms_per_draft_call": {}, "ratio_to_greedy_onehot": {}}
+    print(f"weights {target.weight_format}, gamma {drafter.gamma}, context {args.context}, "
+          f"{args.staged} positions staged per call; ms per draft call, median of {args.repeats} repeats")
+    print(f"| R | {' | '.join(ARMS)} | {' | '.join(a + ' / greedy_onehot' for a in ARMS if a != 'greedy_onehot')} |")
+    print("|---" * (1 + 2 * len(ARMS) - 1) + "|")
+    for r in (1, 16):
+        bench = Bench(drafter, r, args.context, args.staged, max_calls=(args.calls + 2) * len(ARMS) * args.repeats)
+        for arm in ARMS:  # warm-up: first-call costs
+            bench.call(arm), bench.call(arm)
+        per_repeat = {arm: [] for arm in ARMS}
+        for rep in range(args.repeats):
+            for arm in balanced_order(list(ARMS), rep):
+                per_repeat[arm].append(statistics.median(bench.call(arm) for _ in range(args.calls)))
+        ms = {arm: 1e3 * statistics.median(v) for arm, v in per_repeat.items()}
+        ratios = {arm: statistics.median(a / b for a, b in zip(per_repeat[arm], per_repeat["greedy_onehot"]))
+                  for arm in ARMS if arm != "greedy_onehot"}
+        result["ms_per_draft_call"][f"R{r}"] = ms
+        result["ratio_to_greedy_onehot"][f"R{r}"] = ratios
+        print(f"| {r} | " + " | ".join(f"{ms[a]:.2f}" for a in ARMS) + " | "
+              + " | ".join(f"{v:.3f}" for v in ratios.values()) + " |", flush=True)
     result["load_average_after"] = os.getloadavg()[0]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

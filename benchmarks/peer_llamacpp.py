@@ -115,9 +115,10 @@ def server_command(arm: str, args, peer_python: Path, gguf: Path) -> list[str]:
     return ours + (["--mode", "target"] if mode == "target" else [])
 
 
-def start_servers(servers: dict, arms: list[str], args, peer_python: Path, gguf: Path, log_dir: Path) -> None:
-    """Start each arm's server into `servers` (arm -> (process, url, log)); the caller stops them,
-    those already started too when one fails."""
+def start_servers(servers: dict, formats: dict, arms: list[str], args, peer_python: Path, gguf: Path,
+                  log_dir: Path) -> None:
+    """Start each arm's server into `servers` (arm -> (process, url, log)) and the weight format each
+    of ours reports into `formats`; the caller stops them, those already started too when one fails."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(args.threads)}
     for arm in arms:  # one at a time: what a server times at start (auto, kernels) sees an idle host
         port = free_port()
@@ -126,7 +127,9 @@ def start_servers(servers: dict, arms: list[str], args, peer_python: Path, gguf:
                                 stderr=subprocess.STDOUT, env=env, cwd=ROOT)
         servers[arm] = (proc, f"http://127.0.0.1:{port}", log)
         wait_ready(servers[arm][1], proc)
-        fmt = served_format(servers[arm][1])
+        fmt = ""
+        if arm.startswith("ours"):
+            fmt = formats[arm] = served_format(servers[arm][1])
         print(f"{arm} ready on {servers[arm][1]}" + (f", weights {fmt}" if fmt else ""), flush=True)
 
 
@@ -222,8 +225,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as logs:
         servers, formats = {}, {}
         try:
-            start_servers(servers, http_arms, args, peer_python, gguf, Path(logs))
-            formats = {arm: served_format(url) for arm, (_, url, _) in servers.items() if arm.startswith("ours")}
+            start_servers(servers, formats, http_arms, args, peer_python, gguf, Path(logs))
             for arm in http_arms:  # one unmeasured request each: first-call costs
                 served_request(servers, arm, prompts[0], 8)
             for rep in range(args.repeats):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from drafter_fixtures import tiny_drafter
-from sglang_dspark.drafter import DraftKVCache, greedy_sampler, temperature_sampler
+from sglang_dspark.drafter import DraftKVCache, argmax_sampler, greedy_sampler, temperature_sampler
 
 FEAT = 64  # len(target_layer_ids) * hidden of the tiny config
 
@@ -74,6 +74,24 @@ def test_draft_matches_teacher_forced_training_forward(head):
     assert torch.equal(out.tokens[0], true_next)
     assert torch.allclose(out.probs[0], torch.softmax(logits[0], -1), atol=1e-5)
     assert torch.allclose(out.conf_logits[0], conf[0], atol=1e-5)
+
+
+def test_argmax_drafts_are_the_greedy_drafts_without_their_distributions():
+    """The engine's all-greedy path (argmax_sampler) drafts exactly greedy_sampler's tokens and
+    confidences, over a draft vocabulary too, and reports no probabilities."""
+    drafter = tiny_drafter()
+    cache = DraftKVCache(drafter, num_slots=2, max_len=40)
+    for s, n in enumerate((9, 14)):
+        cache.append(s, torch.arange(n), torch.randn(n, FEAT))
+    for vocab in (None, torch.arange(0, drafter.config.vocab_size, 2)):
+        drafter.set_draft_vocab(vocab)
+        args = (cache, [0, 1], torch.tensor([3, 8]), torch.tensor([9, 14]))
+        greedy, fast = drafter.draft(*args, sampler=greedy_sampler), drafter.draft(*args, sampler=argmax_sampler)
+        assert torch.equal(fast.tokens, greedy.tokens) and torch.equal(fast.conf_logits, greedy.conf_logits)
+        assert fast.probs is None and greedy.probs is not None
+    drafter.set_draft_vocab(None)
+    with pytest.raises(ValueError, match="some positions"):
+        drafter.draft(*args, sampler=lambda logits, k: greedy_sampler(logits, k) if k else argmax_sampler(logits, k))
 
 
 def test_draft_is_batched_over_requests_with_different_context_lengths():

@@ -98,8 +98,9 @@ def test_a_draft_vocabulary_gets_the_bias_of_its_own_tokens_only():
 
 @pytest.mark.parametrize("vocab", [None, torch.tensor([10, 3, 7, 9, 0, 5])])
 def test_the_greedy_draft_sampler_is_the_general_one_for_greedy_rows(vocab):
-    """An all-greedy batch drafts with a shortcut (argmax and one-hot, no softmax or CDF): the same
-    tokens and distributions as the general sampler, logit_bias and a draft vocabulary included."""
+    """An all-greedy batch drafts with a shortcut (the argmax, no softmax, CDF or one-hot): the same
+    tokens as the general sampler, logit_bias and a draft vocabulary included, and no distribution
+    (its verification compares argmaxes)."""
     from sglang_dspark.engine.sampling import SamplingBatch
 
     params = [SamplingParams(temperature=0, logit_bias=((3, 4.0), (9, -100.0))), SamplingParams(temperature=0)]
@@ -109,5 +110,22 @@ def test_the_greedy_draft_sampler_is_the_general_one_for_greedy_rows(vocab):
         logits = torch.randn(2, 6 if vocab is not None else 16, generator=gen) * 3
         tokens, probs = batch.draft_sampler(vocab)(logits, k)
         expected_probs = batch.probs(batch.biased(logits, vocab=vocab))
-        assert torch.equal(probs, expected_probs)
+        assert probs is None
         assert torch.equal(tokens, batch.sample(expected_probs))
+
+
+def test_verifying_sampled_rows_without_draft_probabilities_is_refused():
+    """Only an all-greedy batch may verify drafts that came without their distributions
+    (argmax_sampler); a sampled row would need them for rejection sampling."""
+    from sglang_dspark.engine.sampling import SamplingBatch
+    from sglang_dspark.engine.verification import verify_step
+
+    drafts, lens = torch.tensor([[1, 2]]), torch.tensor([2])
+    logits = torch.randn(3, 16)
+    greedy = SamplingBatch.build([SamplingParams(temperature=0)], [None], torch.Generator())
+    num_acc, nxt = verify_step(greedy, drafts, None, logits, lens, torch.Generator())
+    expected = 0 if int(logits[0].argmax()) != 1 else (1 if int(logits[1].argmax()) != 2 else 2)
+    assert int(num_acc[0]) == expected and int(nxt[0]) == int(logits[expected].argmax())
+    sampled = SamplingBatch.build([SamplingParams(temperature=1.0)], [None], torch.Generator())
+    with pytest.raises(ValueError, match="probabilities"):
+        verify_step(sampled, drafts, None, logits, lens, torch.Generator())

@@ -27,7 +27,8 @@ from sglang_dspark.drafter.sampling import Sampler, temperature_sampler
 @dataclass
 class DraftOutput:
     tokens: torch.Tensor  # int64 [R, G]
-    probs: torch.Tensor  # float [R, G, V]: the distribution each token was sampled from
+    probs: torch.Tensor | None  # float [R, G, V]: the distribution each token was sampled from; None
+    # from a sampler that reports none (argmax_sampler: every token is its position's argmax)
     conf_logits: torch.Tensor  # float [R, G] raw confidence logits; zeros without a head
 
 
@@ -235,15 +236,17 @@ class DSparkDrafter(nn.Module):
                 features, state = self.markov_head.step_features(prev, hidden[:, k], state)
                 bias = (self.markov_head.markov_w2(features) if vocab is None
                         else F.linear(features, self._vocab_markov_w2.to(features.dtype)))
-                step_logits = step_logits + bias.float()
+                step_logits = step_logits + bias  # float32 + bfloat16 promotes exactly: no .float() copy
             choice, p = sampler(step_logits, k)
             prev = choice if vocab is None else vocab[choice]  # the Markov head reads real token ids
             tokens.append(prev)
             probs.append(p)
         tokens = torch.stack(tokens, dim=1)
         prev_tokens = torch.cat([anchors[:, None], tokens[:, :-1]], dim=1)
-        return DraftOutput(tokens=tokens, probs=self._expand_to_vocab(torch.stack(probs, dim=1)),  # once, not per position
-                           conf_logits=self.confidence(hidden, prev_tokens))
+        if any(p is None for p in probs) and not all(p is None for p in probs):
+            raise ValueError("the sampler reported probabilities for some positions of the block but not all")
+        probs = None if probs[0] is None else self._expand_to_vocab(torch.stack(probs, dim=1))  # once, not per position
+        return DraftOutput(tokens=tokens, probs=probs, conf_logits=self.confidence(hidden, prev_tokens))
 
 
 class DraftKVCache:

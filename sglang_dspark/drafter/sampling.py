@@ -2,7 +2,8 @@
 
 A sampler maps step logits [R, V] (float32) and the block position k to (tokens int64 [R],
 probs [R, V]) where probs is exactly the distribution the tokens were drawn from; rejection
-sampling needs that distribution, not the raw softmax.
+sampling needs that distribution, not the raw softmax. `argmax_sampler` returns None for probs:
+the tokens are argmaxes, for a verifier that compares argmaxes and reads no distribution.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 
 from sglang_dspark.core.sampling import sample
 
-Sampler = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+Sampler = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor | None]]
 
 
 def temperature_sampler(temperature: float = 1.0, generator: torch.Generator | None = None) -> Sampler:
@@ -32,3 +33,10 @@ def greedy_sampler(logits: torch.Tensor, k: int):
     probs = torch.zeros_like(logits, dtype=torch.float32)
     probs.scatter_(-1, tokens.unsqueeze(-1), 1.0)
     return tokens, probs
+
+
+def argmax_sampler(logits: torch.Tensor, k: int):
+    """Greedy tokens without their one-hot distributions: an all-greedy batch's verification
+    compares argmaxes, so the gamma [R, V] one-hots (and their expansion to the full vocabulary)
+    would be built and never read."""
+    return logits.argmax(dim=-1), None

@@ -26,32 +26,41 @@ INT4_LEVELS = 15
 _INT4_OFFSET, _INT4_N_MULTIPLE, _INT4_INNER_K_TILES = 8, 16, 8
 
 
-def _bias(linear: nn.Linear) -> nn.Parameter | None:
-    return None if linear.bias is None else nn.Parameter(linear.bias.detach().to(torch.bfloat16), requires_grad=False)
-
-
-class Int8Linear(nn.Module):
-    """y = x W^T + b with W stored as int8 [out, in] and one scale per output row."""
+class _WeightOnlyLinear(nn.Module):
+    """What both formats share: bfloat16 rows in, one kernel call (`_mm`), the bias, the shape back."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().to(torch.bfloat16),
+                                                                  requires_grad=False)
+
+    def _mm(self, rows: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight this layer multiplies by, as bfloat16 [out, in] (the kernel applied to the identity)."""
+        return self._mm(torch.eye(self.in_features, dtype=torch.bfloat16)).T.contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self._mm(x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous())  # the kernels refuse strided rows
+        if self.bias is not None:
+            out = out + self.bias
+        return out.view(*x.shape[:-1], self.out_features)
+
+
+class Int8Linear(_WeightOnlyLinear):
+    """y = x W^T + b with W stored as int8 [out, in] and one scale per output row."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__(linear)
         w = linear.weight.detach().float()
         scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0
         self.register_buffer("weight_int8", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
         self.register_buffer("scales", scale.to(torch.bfloat16))
-        self.bias = _bias(linear)
 
-    def dequantized(self) -> torch.Tensor:
-        """The weight this layer multiplies by, as bfloat16 [out, in]."""
-        return (self.weight_int8.float() * self.scales.float()[:, None]).to(torch.bfloat16)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()  # the kernels refuse strided rows
-        out = torch.ops.aten._weight_int8pack_mm(rows, self.weight_int8, self.scales)
-        if self.bias is not None:
-            out = out + self.bias
-        return out.view(*x.shape[:-1], self.out_features)
+    def _mm(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(rows, self.weight_int8, self.scales)
 
 
 def int4_groups(w: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -69,36 +78,24 @@ def int4_fits(linear: nn.Linear) -> bool:
     return linear.in_features % INT4_GROUP == 0 and linear.out_features % _INT4_N_MULTIPLE == 0
 
 
-class Int4Linear(nn.Module):
+class Int4Linear(_WeightOnlyLinear):
     """y = x W^T + b with W stored as 4-bit groups of 32 (scale and minimum per group), packed for
     the CPU kernel."""
 
     def __init__(self, linear: nn.Linear):
-        super().__init__()
         if not int4_fits(linear):
             raise ValueError(f"int4 needs in_features % {INT4_GROUP} == 0 and out_features % {_INT4_N_MULTIPLE} == 0, "
                              f"got {linear.in_features} -> {linear.out_features}")
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        super().__init__(linear)
         q, scale, lo = int4_groups(linear.weight.detach())
         zero = lo + _INT4_OFFSET * scale
         self.register_buffer("weight_int4", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, _INT4_INNER_K_TILES))
         # [in/group, out, 2], as the kernel reads it
         self.register_buffer("scales_and_zeros",
                              torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(torch.bfloat16))
-        self.bias = _bias(linear)
 
     def _mm(self, rows: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.weight_int4, INT4_GROUP, self.scales_and_zeros)
-
-    def dequantized(self) -> torch.Tensor:
-        """The weight this layer multiplies by, as bfloat16 [out, in] (the kernel applied to the identity)."""
-        return self._mm(torch.eye(self.in_features, dtype=torch.bfloat16)).T.contiguous()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self._mm(x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous())
-        if self.bias is not None:
-            out = out + self.bias
-        return out.view(*x.shape[:-1], self.out_features)
 
 
 @torch.no_grad()

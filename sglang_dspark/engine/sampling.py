@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sglang_dspark.core.sampling import inverse_cdf
-from sglang_dspark.drafter.sampling import greedy_sampler
+from sglang_dspark.drafter.sampling import argmax_sampler
 
 
 MAX_TOP_LOGPROBS = 20
@@ -156,11 +156,12 @@ class SamplingBatch:
     def draft_sampler(self, vocab: torch.Tensor | None = None):
         """The drafter's per-position sampler: (logits [R, V], k) -> (tokens [R], probs [R, V]);
         `vocab`: the drafter's draft vocabulary when its logits cover only that. A batch of greedy
-        rows only takes the drafter's greedy sampler (argmax and its one-hot): the very tokens and
-        distribution `probs` + `sample` give greedy rows (a one-hot's inverse CDF is its argmax),
-        without the softmax, random numbers and CDF each of the gamma positions would pay."""
+        rows only takes the argmax: the very tokens `probs` + `sample` give greedy rows (a one-hot's
+        inverse CDF is its argmax), without the softmax, random numbers and CDF each of the gamma
+        positions would pay, and without their one-hots, which verifying an all-greedy batch
+        (argmax against argmax) never reads."""
         if bool(self.greedy.all()):
-            return lambda logits, k: greedy_sampler(self.biased(logits, vocab=vocab), k)
+            return lambda logits, k: argmax_sampler(self.biased(logits, vocab=vocab), k)
 
         def sample(logits: torch.Tensor, k: int):
             probs = self.probs(self.biased(logits, vocab=vocab))

@@ -29,11 +29,14 @@ def verify_step(batch: SamplingBatch, drafts: torch.Tensor | None, draft_probs: 
     width = int(lens.max()) if R else 0
     if width == 0:  # nothing to verify (one row per request): sample the next token from it
         return torch.zeros(R, dtype=torch.int64), batch.sample(batch.probs(ragged_logits))
-    drafts, draft_probs = drafts[:, :width], draft_probs[:, :width]
+    drafts = drafts[:, :width]
     greedy = batch.greedy
-    if bool(greedy.all()):  # argmax before padding: pad [T] ids, not [T, V] logits
+    if bool(greedy.all()):  # argmax before padding: pad [T] ids, not [T, V] logits; no draft probs read
         argmax = pad_rows(ragged_logits.argmax(-1), lens, width)
         return verify_chain_greedy_argmax(drafts, argmax, lens)
+    if draft_probs is None:
+        raise ValueError("sampled rows need the drafts' probabilities (the drafter's sampler reported none)")
+    draft_probs = draft_probs[:, :width]
     num_acc = torch.zeros(R, dtype=torch.int64)
     nxt = torch.zeros(R, dtype=torch.int64)
     logits = pad_rows(ragged_logits, lens, width)  # [R, width + 1, V]

@@ -22,7 +22,6 @@ import torch
 from drafter_speed import time_draft
 from common import add_common_args, heldout_prompts, load_pair
 
-from sglang_dspark.drafter import greedy_sampler
 from sglang_dspark.engine.engine import Engine, EngineConfig
 from sglang_dspark.engine.sampling import SamplingParams
 from sglang_dspark.evaluate import summarize
@@ -63,7 +62,7 @@ def main() -> None:
     for size in args.sizes.split(","):
         ids = None if size == "full" else hot_vocab(counts, int(size))
         drafter.set_draft_vocab(ids)
-        row = {"size": size, "draft_ms": {f"R{r}": round(time_draft(drafter, r, 200, args.timing_repeats, greedy_sampler), 2)
+        row = {"size": size, "draft_ms": {f"R{r}": round(time_draft(drafter, r, 200, args.timing_repeats), 2)
                                           for r in (1, 16)}}
         for t in temperatures:
             result = acceptance(target, tokenizer, drafter, prompts, args.max_tokens, t, seed=0)

@@ -39,6 +39,6 @@ def run_candidates(train_command, minutes: float) -> dict:
         result["candidates"][n] = {"changes": CANDIDATES[n], "steps": summary["steps"], "heldout": last,
                                    "ms_per_draft_call": speed}
         print(f"{n:<10} {summary['steps']:>6} {last['tau_t0']:>12.3f} {last['tau_t1']:>6.3f} "
-              f"{speed['greedy_R1']:>12.1f} {speed['greedy_R16']:>6.1f}")
+              f"{speed['R1']['greedy_argmax']:>12.1f} {speed['R16']['greedy_argmax']:>6.1f}")
     (RESULTS / "drafter_architecture.json").write_text(json.dumps(result, indent=2) + "\n")
     return result

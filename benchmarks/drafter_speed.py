@@ -8,12 +8,12 @@ one block with the sampler the engine would pick:
 
 - `sampled`: temperature 1 through `SamplingBatch.draft_sampler` (softmax, inverse CDF, probs kept),
 - `greedy_onehot`: `greedy_sampler` (argmax and its one-hot distribution per position),
-- `greedy_argmax`: the engine's all-greedy path (`argmax_sampler`: the argmax only; its
-  verification compares argmaxes and reads no distribution).
+- `greedy_argmax`: the engine's all-greedy path (`SamplingBatch.draft_sampler` of a greedy batch:
+  `argmax_sampler`, the argmax only; its verification compares argmaxes and reads no distribution).
 
 Arms alternate within each repeat (balanced order) at R = 1 and 16 requests; the table gives the
 median over repeats of each repeat's median call, and each arm's ratio to `greedy_onehot` from the
-same repeats. Writes benchmarks/results/drafter_speed.json with the host's load average.
+same repeats. Writes benchmarks/results/drafter_speed_<format>.json with the host's load average.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import torch
 
 from common import ROOT, balanced_order, load_pair
 
-from sglang_dspark.drafter import DraftKVCache, argmax_sampler, greedy_sampler
+from sglang_dspark.drafter import DraftKVCache, greedy_sampler
 from sglang_dspark.engine.sampling import SamplingBatch, SamplingParams
 
 DRAFT = ROOT / "launch" / "models" / "smollm2-135m-instruct-dspark"
@@ -49,10 +49,11 @@ class Bench:
         self.cache.flush()
         self.pos = context
         self.anchors = torch.randint(0, drafter.config.vocab_size, (num_requests,))
-        batch = SamplingBatch.build([SamplingParams(temperature=1.0)] * num_requests, [None] * num_requests,
-                                    torch.Generator().manual_seed(0))
-        self.samplers = {"sampled": batch.draft_sampler(drafter.draft_vocab), "greedy_onehot": greedy_sampler,
-                         "greedy_argmax": argmax_sampler}
+        def batch(temperature: float):
+            return SamplingBatch.build([SamplingParams(temperature=temperature)] * num_requests,
+                                       [None] * num_requests, torch.Generator().manual_seed(0))
+        self.samplers = {"sampled": batch(1.0).draft_sampler(drafter.draft_vocab), "greedy_onehot": greedy_sampler,
+                         "greedy_argmax": batch(0.0).draft_sampler(drafter.draft_vocab)}
 
     def call(self, arm: str) -> float:
         """Seconds of one draft call, its flush of the newly staged positions included."""
@@ -66,6 +67,14 @@ class Bench:
         return time.perf_counter() - t0
 
 
+def time_draft(drafter, num_requests: int, context: int, calls: int, arm: str = "greedy_argmax") -> float:
+    """Median ms of `calls` draft calls of one arm (after two warm-up calls): for scripts that time
+    a drafter variant (draft_vocab.py, drafter_architecture.py) rather than compare arms."""
+    bench = Bench(drafter, num_requests, context, staged=2, max_calls=calls + 2)
+    bench.call(arm), bench.call(arm)
+    return 1e3 * statistics.median(bench.call(arm) for _ in range(calls))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="smollm2-135m-instruct", help="target directory or zoo name")
@@ -77,7 +86,7 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=15, help="timed calls per arm, request count and repeat")
     p.add_argument("--repeats", type=int, default=5, help="repeats, arms alternating")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "drafter_speed.json"), help="JSON output path")
+    p.add_argument("--out", help="JSON output path (default benchmarks/results/drafter_speed_<format>.json)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     target, _, drafter = load_pair(args.target, args.draft, args.dtype)
@@ -105,7 +114,7 @@ def main() -> int:
         print(f"| {r} | " + " | ".join(f"{ms[a]:.2f}" for a in ARMS) + " | "
               + " | ".join(f"{v:.3f}" for v in ratios.values()) + " |", flush=True)
     result["load_average_after"] = os.getloadavg()[0]
-    out = Path(args.out)
+    out = Path(args.out or ROOT / "benchmarks" / "results" / f"drafter_speed_{target.weight_format}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     return 0

@@ -37,6 +37,30 @@ def test_greedy_output_equals_transformers_in_every_mode():
         assert run_to_completion(engine, prompts, params) == expected, (mode, sps is not None, learn)
 
 
+def test_all_greedy_batches_draft_without_distributions_and_mixed_ones_with():
+    """The argmax-only draft path is taken exactly when every row is greedy (the verifier then
+    compares argmaxes); one sampled row brings the distributions back. Greedy output still equals
+    transformers' in both."""
+    hf = tiny_hf_target()
+    prompt = [5, 9, 11, 3]
+    expected = hf_greedy(hf, prompt, 12)
+    for params, want_probs in (([SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)] * 2, False),
+                               # the sampled row outlasts the greedy one (100 tokens take > 12 steps of <= 1 + gamma)
+                               ([SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
+                                 SamplingParams(max_tokens=100, temperature=1.0, ignore_eos=True, seed=1)], True)):
+        engine = tiny_engine("full", hf=hf, max_running=2)
+        seen, original = [], engine.runner.drafter.draft
+
+        def recording(*args, **kwargs):
+            out = original(*args, **kwargs)
+            seen.append(out.probs is not None)
+            return out
+
+        engine.runner.drafter.draft = recording
+        outputs = run_to_completion(engine, [prompt, prompt], params)
+        assert outputs[0] == expected and seen and set(seen) == {want_probs}
+
+
 def exact_marginals(hf, prompt):
     """Exact target marginals of output tokens 2 and 3 (tokens 1 comes from prefill)."""
     with torch.no_grad():

@@ -55,6 +55,8 @@ def test_int8_linear_multiplies_by_its_dequantized_weight_and_rounds_each_row():
     expected = x.float() @ q.dequantized().float().T + q.bias.float()
     torch.testing.assert_close(q(x).float(), expected, atol=3e-2, rtol=2e-2)
     assert q(x.view(5, 1, 64)).shape == (5, 1, 48)
+    # the closed form (q * scale, one rounding) is exactly what the kernel multiplies by
+    assert torch.equal(q.dequantized(), q._mm(torch.eye(64, dtype=torch.bfloat16)).T)
 
 
 def test_int8_target_quantizes_every_linear_and_keeps_the_embedding():

@@ -39,8 +39,8 @@ class _WeightOnlyLinear(nn.Module):
         raise NotImplementedError
 
     def dequantized(self) -> torch.Tensor:
-        """The weight this layer multiplies by, as bfloat16 [out, in] (the kernel applied to the identity)."""
-        return self._mm(torch.eye(self.in_features, dtype=torch.bfloat16)).T.contiguous()
+        """The weight this layer multiplies by, as bfloat16 [out, in]."""
+        raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self._mm(x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous())  # the kernels refuse strided rows
@@ -61,6 +61,11 @@ class Int8Linear(_WeightOnlyLinear):
 
     def _mm(self, rows: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int8pack_mm(rows, self.weight_int8, self.scales)
+
+    def dequantized(self) -> torch.Tensor:
+        """q * scale rounded once to bfloat16: what the kernel multiplies by, in closed form (the
+        identity through the kernel would cost a GEMM of in x in x out: the lm_head's is 3e10 FLOP)."""
+        return (self.weight_int8.float() * self.scales.float()[:, None]).to(torch.bfloat16)
 
 
 def int4_groups(w: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -96,6 +101,12 @@ class Int4Linear(_WeightOnlyLinear):
 
     def _mm(self, rows: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.weight_int4, INT4_GROUP, self.scales_and_zeros)
+
+    def dequantized(self) -> torch.Tensor:
+        """The kernel applied to the identity (its packed layout has no cheaper inverse; int4 serves
+        the decoder layers, whose in_features are small, never the lm_head)."""
+        eye = torch.eye(self.in_features, dtype=torch.bfloat16, device=self.scales_and_zeros.device)
+        return self._mm(eye).T.contiguous()
 
 
 @torch.no_grad()

@@ -62,9 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="target: no speculation; full: DSpark verifying every draft; "
                         "scheduled: DSpark with the SPS-table verify scheduler")
     p.add_argument("--dtype", choices=DTYPES, default="auto",
-                   help="reference engine's weight format: auto takes bfloat16 on a CPU with native bfloat16 "
-                        "(avx512_bf16, amx_bf16), elsewhere times it against float32 at start and takes it where "
-                        "clearly faster; int8: weight-only int8 with bfloat16 "
+                   help="reference engine's weight format: auto, on a CPU with native bfloat16 (avx512_bf16, "
+                        "amx_bf16), takes int4 where the checkpoint's decoder weights already are Q4_1 values (a "
+                        "de-quantized 4-bit GGUF, as the zoo's SmolLM2) and bfloat16 otherwise; elsewhere it times "
+                        "bfloat16 against float32 at start and takes it where clearly faster; int8: weight-only int8 with bfloat16 "
                         "activations; int4: 4-bit groups of 32 (GGUF's Q4_1 block; a Q4_1-converted checkpoint's own "
                         "integers) with the lm_head in int8 (quantized models, verified losslessly against "
                         "themselves). SGLang has its own "
@@ -248,7 +249,7 @@ def _warn_unused_flags(args, engine: str) -> None:
 
 def _weight_format(args, engine: str, model: str) -> str | None:
     """The reference engine's weight format, decided before the profile is checked against it
-    (`auto` is timed here, once); None for SGLang, and for `auto` in a dry run (nothing is timed)."""
+    (`auto` is resolved here, once); None for SGLang, and for `auto` in a dry run (nothing is read or timed)."""
     if engine != "reference" or (args.dry_run and args.dtype == "auto"):
         return None
     from sglang_dspark.engine.async_engine import off_the_main_thread

@@ -13,30 +13,27 @@ from sglang_dspark.engine.engine import Engine, EngineConfig
 from sglang_dspark.engine.heap import release_freed_memory
 from sglang_dspark.engine.one_row_gemv import tune_one_row_kernels
 from sglang_dspark.engine.target_model import TargetModel
-from sglang_dspark.engine.weight_format import activation_dtype, apply_to_drafter, choose_auto, native_bf16_flags
+from sglang_dspark.engine.weight_format import (activation_dtype, apply_to_drafter, checkpoint_int4_grid, choose_auto,
+                                                native_bf16_flags)
 from sglang_dspark.engine.weight_layout import tune_layouts
 
 logger = logging.getLogger(__name__)
 
 
 def resolve_weight_format(weight_format: str, model_dir) -> tuple[str, str]:
-    """(format, why) for a requested format; `auto` times Linear weights of the target's own shapes
-    on this CPU (engine/weight_format.py). Only the safetensors headers are read: the timing needs
-    the shapes and bytes, not the values, and the model's weights are read once, by the loader.
-    Call after setting torch's thread count."""
+    """(format, why) for a requested format; `auto` (engine/weight_format.py) reads a sample of the
+    target's decoder weights where the CPU has native bfloat16 (are they already 4-bit?), and
+    elsewhere times Linear weights of the target's own shapes, read from the safetensors headers
+    only. Call after setting torch's thread count."""
     if weight_format != "auto":
         return weight_format, "as requested"
     native = native_bf16_flags()
-    if native:  # decided by the flags: nothing to time
-        return choose_auto([], native=native)
-    import glob
-
-    from safetensors import safe_open
-
+    if native:  # decided by the flags and whether the weights are already 4-bit: nothing to time
+        return choose_auto([], native=native, int4_grid=checkpoint_int4_grid(_sampled_decoder_weights(model_dir)))
     shapes = []
     try:
-        for file in sorted(glob.glob(os.path.join(str(model_dir), "*.safetensors"))):
-            with safe_open(file, framework="pt") as f:
+        for f in _safetensors(model_dir):
+            with f:
                 shapes += [f.get_slice(name).get_shape() for name in f.keys()
                            if name.endswith("_proj.weight") or name.endswith("embed_tokens.weight")]
     except Exception as exc:  # safetensors' own error type; loading the model reports it properly
@@ -49,11 +46,37 @@ def resolve_weight_format(weight_format: str, model_dir) -> tuple[str, str]:
     return choose_auto([torch.empty(s).uniform_(-0.05, 0.05) for s in shapes])
 
 
+def _safetensors(model_dir):
+    import glob
+
+    from safetensors import safe_open
+
+    return [safe_open(file, framework="pt") for file in sorted(glob.glob(os.path.join(str(model_dir), "*.safetensors")))]
+
+
+def _sampled_decoder_weights(model_dir) -> dict:
+    """The first and the last decoder layer's projection weights (whether a checkpoint is 4-bit
+    shows in any of them; reading all would read the model twice); {} where unreadable."""
+    try:
+        names, files = {}, _safetensors(model_dir)
+        for f in files:
+            for name in f.keys():
+                if name.endswith("_proj.weight") and ".layers." in name:
+                    names[name] = f
+        layers = sorted({int(n.split(".layers.", 1)[1].split(".", 1)[0]) for n in names})
+        if not layers:
+            return {}
+        keep = {f".layers.{layers[0]}.", f".layers.{layers[-1]}."}
+        return {n: f.get_tensor(n) for n, f in names.items() if any(k in n for k in keep)}
+    except Exception:  # safetensors' own error type; loading the model reports it properly
+        return {}
+
+
 def load_models(model_dir, draft_dir=None, *, draft_vocab: bool = True, tune: bool = True,
                 weight_format: str = "float32"):
     """(TargetModel, tokenizer, drafter or None): the drafter shares the target's embedding and
     lm_head; with `draft_vocab` it drafts from its hot vocabulary when it ships one. Both models run
-    in `weight_format` (engine/weight_format.py; `auto` is timed here, and the choice is logged and
+    in `weight_format` (engine/weight_format.py; `auto` is resolved here, and the choice is logged and
     kept as `target.weight_format`). With `tune`, float32's CPU weight layouts (engine/weight_layout.py)
     and bfloat16's one-row kernel (engine/one_row_gemv.py) are timed on this host (call after setting
     torch's thread count, which changes the answers)."""

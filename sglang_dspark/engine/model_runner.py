@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from sglang_dspark.engine.kv_cache import release_on_demand, zeros_on_demand
+from sglang_dspark.engine.quantized_linear import prefill_weights
 from sglang_dspark.engine.target_model import ForwardOutput, Segment, TargetModel
 
 
@@ -58,8 +59,9 @@ class ModelRunner:
         token, or with `all_logits` [total tokens, V] of every token (prompt logprobs). Their hidden
         states become drafter context."""
         segments = [Segment(slot, start, torch.tensor(tokens)) for slot, start, tokens in chunks]
-        out = self.target.forward_segments(segments, self.cache, capture_layers=self.capture,
-                                           logits_for="all" if all_logits else "last")
+        with prefill_weights():  # int4's bfloat16 copy: a GEMM for many rows (engine/quantized_linear.py)
+            out = self.target.forward_segments(segments, self.cache, capture_layers=self.capture,
+                                               logits_for="all" if all_logits else "last")
         if self.draft_cache is not None:
             offset = 0
             for seg in segments:

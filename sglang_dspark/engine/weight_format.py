@@ -18,9 +18,12 @@ Formats:
   Q4_1 block, `aten._weight_int4pack_mm_for_cpu`), bf16 activations; the lm_head (the tied
   embedding, which GGUF keeps at 8 bits) in int8. For a checkpoint converted from a Q4_1 GGUF these
   are the GGUF's own integers (engine/quantized_linear.py).
-- `auto`: bfloat16 on a CPU with native bfloat16 dot products (its flags); elsewhere bfloat16 where
-  it runs clearly faster than float32 (timed at load on the model's own weight shapes), else
-  float32. Never int8 or int4, which change the model's outputs.
+- `auto`: on a CPU with native bfloat16 dot products (its flags), int4 where the checkpoint's decoder
+  weights already are Q4_1 values (a 4-bit GGUF's, de-quantized: int4 then serves the file's own
+  integers, and moves the model about as little as bfloat16's rounding does,
+  benchmarks/format_fidelity.py), else bfloat16; elsewhere bfloat16 where it runs clearly faster
+  than float32 (timed at load on the model's own weight shapes), else float32. Never int8, nor int4
+  for weights trained in floating point: those change the model's outputs.
 
 Everything else in the engine reads the activation dtype from the model (`model_dtype`), so no
 format-specific branch lives outside this file.
@@ -38,7 +41,7 @@ from torch import nn
 
 from sglang_dspark.engine.format_names import WEIGHT_FORMATS
 from sglang_dspark.engine.one_row_gemv import one_row, pack_one_row_gemv
-from sglang_dspark.engine.quantized_linear import Int4Linear, Int8Linear, quantize_linears
+from sglang_dspark.engine.quantized_linear import Int4Linear, Int8Linear, int4_fits, int4_grid_share, quantize_linears
 from sglang_dspark.engine.weight_layout import pack_drafter_for_cpu, pack_linears_for_cpu
 
 logger = logging.getLogger(__name__)
@@ -109,6 +112,24 @@ def apply_to_drafter(drafter: nn.Module, fmt: str) -> None:
         pack_one_row_gemv(drafter)  # its per-position Markov layers run one row at C = 1
 
 
+# a checkpoint counts as Q4_1 when this share of every sampled weight's groups is on the grid
+# (a de-quantized GGUF: all of them; weights trained in floating point: about none)
+INT4_GRID_MIN_SHARE = 0.99
+
+
+def checkpoint_int4_grid(weights: dict[str, torch.Tensor]) -> str | None:
+    """Why these decoder Linear weights (name -> [out, in], a sample of the checkpoint's) count as
+    Q4_1 values, or None where any of them is off the grid (or none fits int4's kernel)."""
+    fitting = {name: w for name, w in weights.items()
+               if int4_fits(nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta"))}
+    if not fitting:
+        return None
+    shares = {name: int4_grid_share(w) for name, w in fitting.items()}
+    if min(shares.values()) < INT4_GRID_MIN_SHARE:
+        return None
+    return f"{len(shares)} sampled weights, each with {min(shares.values()):.1%} or more of its groups of 32 on the grid"
+
+
 def _time_stack(weights: list[torch.Tensor], rows: int, dtype: torch.dtype) -> float:
     x = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=dtype) for w in weights}
     kernels = [F.linear]
@@ -126,14 +147,18 @@ def _time_stack(weights: list[torch.Tensor], rows: int, dtype: torch.dtype) -> f
 @torch.no_grad()
 def choose_auto(weights: list[torch.Tensor], *, reps: int = 5,
                 timer: Callable[[list[torch.Tensor], int, torch.dtype], float] = _time_stack,
-                native: list[str] | None = None) -> tuple[str, str]:
+                native: list[str] | None = None, int4_grid: str | None = None) -> tuple[str, str]:
     """(format, reason) for `auto`. Where the CPU has native bfloat16 (`native`: its flags, default
-    read from /proc/cpuinfo): bfloat16, untimed. Elsewhere every float32 Linear weight of the target
+    read from /proc/cpuinfo): int4 where `int4_grid` (what showed the checkpoint's weights to be Q4_1
+    values, `checkpoint_int4_grid`; None: they are not), else bfloat16, untimed. Elsewhere every float32 Linear weight of the target
     in turn (so they stream from memory as in a real step) against the same weights in bfloat16, at
     1 and 8 rows, interleaved, the fastest of `reps` each (a busy neighbour only ever adds time; on a
     loaded 2-core host medians of 3 once made bfloat16 look slower than float32): bfloat16 from
     `AUTO_MIN_SPEEDUP` at both. `timer(weights, rows, dtype)` -> seconds (tests inject one)."""
     native = native_bf16_flags() if native is None else native
+    if native and int4_grid is not None:
+        return "int4", (f"this CPU computes bfloat16 natively ({', '.join(native)}) and the checkpoint's decoder weights "
+                        f"are Q4_1 values ({int4_grid}), so auto serves their own 4-bit integers")
     if native:
         return "bfloat16", (f"this CPU computes bfloat16 natively ({', '.join(native)}), so auto takes bfloat16 "
                             f"without timing it (a timing at start also measures whatever else starts)")

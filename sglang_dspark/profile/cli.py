@@ -229,7 +229,7 @@ def _add_capture(sub) -> None:
                    help="SLA tier to record, e.g. interactive:20:2:4 (repeatable)")
     p.add_argument("--seed", type=int, default=0, help="seed of the probe order and the engine")
     p.add_argument("--dtype", choices=FORMAT_CHOICES, default="auto",
-                   help="weight format of the engine measured, as launch --dtype (auto: timed on this CPU); the "
+                   help="weight format of the engine measured, as launch --dtype (auto: as launch resolves it on this CPU); the "
                         "profile's fingerprint records it")
     p.add_argument("--cache-dir", type=Path, default=Path("~/.cache/sglang_dspark/models"), help="where zoo models live")
     p.set_defaults(func=_run_capture)

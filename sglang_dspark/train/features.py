@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from sglang_dspark.engine.quantized_linear import prefill_weights
 from sglang_dspark.engine.target_model import Segment, TargetModel
 
 LOGIT_ROWS = 512  # positions per full-vocabulary matmul (bounds the [rows, V] logits in memory)
@@ -76,7 +77,8 @@ def teacher_forced_rows(target: TargetModel, sequences: list[tuple[list[int], in
     cache = target.new_kv_cache(max(len(b) for b in batches) if batches else 1, longest)
     for batch in batches:
         segments = [Segment(slot, 0, torch.tensor(sequences[i][0][:-1])) for slot, i in enumerate(batch)]
-        out = target.forward_segments(segments, cache, capture_layers=layers, logits_for="last")
+        with prefill_weights():  # whole sequences: as the engine prefills (engine/quantized_linear.py)
+            out = target.forward_segments(segments, cache, capture_layers=layers, logits_for="last")
         offset = 0
         for i, seg in zip(batch, segments):
             n = len(seg.tokens)

@@ -1,0 +1,115 @@
+"""A checkpoint that is already 4-bit (de-quantized from a Q4_1 GGUF): `auto` serves it in int4,
+and int4 prefills prompt chunks through its bfloat16 copy while every decode and verify row goes
+through the int4 kernel."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from torch import nn
+
+from sglang_dspark.engine import factory, quantized_linear
+from sglang_dspark.engine.quantized_linear import PREFILL_MIN_ROWS, Int4Linear, int4_grid_share, prefill_weights
+from sglang_dspark.engine.target_model import TargetModel
+from sglang_dspark.engine.weight_format import checkpoint_int4_grid
+from tests.engine_fixtures import VOCAB, ToyTokenizer, run_to_completion, tiny_hf_target
+from tests.test_weight_format import _q4_1_weight
+
+
+def test_a_q4_1_weight_is_on_the_grid_and_a_float_one_is_not():
+    w, _ = _q4_1_weight(48, 64)
+    assert int4_grid_share(w) == 1.0
+    assert int4_grid_share(torch.randn(48, 64) * 0.02) < 0.01
+    # one group moved off its grid by a tenth of a step
+    off = w.clone()
+    off[0, 5] += 0.1 * (off[0, :32].amax() - off[0, :32].amin()) / 15
+    assert int4_grid_share(off) == pytest.approx(1 - 1 / 96)
+    on = {"a": w, "b": _q4_1_weight(32, 96, seed=1)[0]}
+    assert "2 sampled weights" in checkpoint_int4_grid(on)
+    assert checkpoint_int4_grid({**on, "c": torch.randn(32, 64)}) is None  # one weight off: not a 4-bit checkpoint
+    assert checkpoint_int4_grid({"odd": torch.randn(24, 40)}) is None  # nothing int4's kernel could serve
+
+
+def _checkpoint(directory, weight) -> str:
+    """A safetensors checkpoint of three decoder layers whose down_proj is weight(layer)."""
+    directory.mkdir()
+    tensors = {f"model.layers.{i}.mlp.down_proj.weight": weight(i) for i in range(3)}
+    tensors["model.embed_tokens.weight"] = torch.randn(64, 32)
+    save_file(tensors, str(directory / "model.safetensors"))
+    return str(directory)
+
+
+def test_auto_serves_a_4bit_checkpoint_in_int4_and_a_float_one_in_bfloat16(tmp_path, monkeypatch):
+    monkeypatch.setattr(factory, "native_bf16_flags", lambda: ["avx512_bf16"])
+    grid = _checkpoint(tmp_path / "grid", lambda i: _q4_1_weight(64, 96, seed=i)[0])
+    fmt, why = factory.resolve_weight_format("auto", grid)
+    assert fmt == "int4" and "Q4_1" in why and "2 sampled weights" in why  # the first and the last layer
+    assert factory.resolve_weight_format("auto", _checkpoint(tmp_path / "float", lambda i: torch.randn(64, 96)))[0] == "bfloat16"
+    # only the last layer off the grid: still not a 4-bit checkpoint
+    mixed = _checkpoint(tmp_path / "last", lambda i: torch.randn(64, 96) if i == 2 else _q4_1_weight(64, 96, seed=i)[0])
+    assert factory.resolve_weight_format("auto", mixed)[0] == "bfloat16"
+    assert factory.resolve_weight_format("bfloat16", grid) == ("bfloat16", "as requested")
+    # without native bfloat16 auto times float32 against bfloat16 and never quantizes
+    monkeypatch.setattr(factory, "native_bf16_flags", lambda: [])
+    assert factory.resolve_weight_format("auto", grid)[0] in ("float32", "bfloat16")
+
+
+def test_int4s_prefill_copy_is_the_kernels_own_weight_used_only_for_many_rows_inside_a_prefill():
+    w, _ = _q4_1_weight(48, 64)
+    linear = nn.Linear(64, 48, bias=True)
+    with torch.no_grad():
+        linear.weight.copy_(w)
+    layer = Int4Linear(linear)
+    assert torch.equal(layer.weight_bf16, layer.dequantized())  # the kernel through the identity
+    many = torch.randn(PREFILL_MIN_ROWS, 64).bfloat16()
+    kernel = torch.ops.aten._weight_int4pack_mm_for_cpu(many, layer.weight_int4, 32, layer.scales_and_zeros) + layer.bias
+    dense = F.linear(many, layer.weight_bf16) + layer.bias
+    assert not torch.equal(kernel, dense)  # the two paths round differently, so the test can tell them apart
+    assert torch.equal(layer(many), kernel)  # outside a prefill: the kernel, whatever the row count
+    with prefill_weights():
+        assert torch.equal(layer(many), dense)
+        assert torch.equal(layer(many[:PREFILL_MIN_ROWS - 1]), kernel[:PREFILL_MIN_ROWS - 1])  # few rows: the kernel
+        with prefill_weights(False):
+            assert torch.equal(layer(many), kernel)
+        assert torch.equal(layer(many), dense)
+    assert torch.equal(layer(many), kernel)
+
+
+def test_the_engine_prefills_int4_through_the_copy_and_decodes_through_the_kernel():
+    from sglang_dspark.engine.engine import Engine, EngineConfig
+    from sglang_dspark.engine.sampling import SamplingParams
+
+    target = TargetModel.from_hf_model(tiny_hf_target(), weight_format="int4")
+    calls = []
+    layer = next(m for m in target.modules() if isinstance(m, Int4Linear))
+    layer.register_forward_pre_hook(lambda m, args: calls.append((quantized_linear._PREFILL.get(), args[0].shape[0])))
+    engine = Engine(target, ToyTokenizer(), None, model_name="tiny",
+                    config=EngineConfig(mode="target", max_running=2, max_len=256, prefill_chunk=64))
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(4, VOCAB, (40,), generator=g).tolist() for _ in range(2)]
+    run_to_completion(engine, prompts, [SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)] * 2)
+    prefills = [rows for prefill, rows in calls if prefill]
+    decodes = [rows for prefill, rows in calls if not prefill]
+    assert prefills and max(prefills) >= PREFILL_MIN_ROWS  # the prompt chunks went through the copy
+    assert len(decodes) >= 5 and max(decodes) <= 2  # one row per request per step, through the kernel
+
+
+@pytest.mark.slow
+def test_the_zoos_smollm2_is_a_4bit_checkpoint_that_auto_serves_in_int4(smollm2_dir, monkeypatch):
+    monkeypatch.setattr(factory, "native_bf16_flags", lambda: ["avx512_bf16"])
+    fmt, why = factory.resolve_weight_format("auto", smollm2_dir)
+    assert fmt == "int4" and "14 sampled weights, each with 100.0%" in why  # 7 projections of layers 0 and 29
+
+
+@pytest.mark.slow
+def test_int4_speculative_decoding_of_the_zoos_smollm2_equals_plain_int4_decoding(smollm2_dir):
+    """What `auto` serves on a CPU with native bfloat16: one request at a time, every draft
+    verified, prompts prefilled through the bfloat16 copy, equal to plain int4 decoding."""
+    from sglang_dspark.evaluate import greedy_equality
+    from tests.test_evaluate_shipped import DRAFT
+
+    result = greedy_equality(smollm2_dir, DRAFT, num_prompts=6, max_new_tokens=64, weight_format="int4",
+                             max_running=1, reference="target")
+    assert result["all_equal"], [r for r in result["prompts"] if not r["equal"]]

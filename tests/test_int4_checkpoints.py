@@ -11,10 +11,10 @@ from safetensors.torch import save_file
 from torch import nn
 
 from sglang_dspark.engine import factory, quantized_linear
-from sglang_dspark.engine.quantized_linear import PREFILL_MIN_ROWS, Int4Linear, int4_grid_share, prefill_weights
+from sglang_dspark.engine.quantized_linear import Int4Linear, int4_grid_share, prefill_weights
 from sglang_dspark.engine.target_model import TargetModel
 from sglang_dspark.engine.weight_format import checkpoint_int4_grid
-from tests.engine_fixtures import VOCAB, ToyTokenizer, run_to_completion, tiny_hf_target
+from tests.engine_fixtures import VOCAB, ToyTokenizer, run_to_completion, tiny_drafter_for, tiny_hf_target
 from tests.test_weight_format import _q4_1_weight
 
 
@@ -26,10 +26,16 @@ def test_a_q4_1_weight_is_on_the_grid_and_a_float_one_is_not():
     off = w.clone()
     off[0, 5] += 0.1 * (off[0, :32].amax() - off[0, :32].amin()) / 15
     assert int4_grid_share(off) == pytest.approx(1 - 1 / 96)
+    # a checkpoint stored in bfloat16 or float16 rounds each grid value once more: still on it
+    assert int4_grid_share(w.bfloat16()) == 1.0 and int4_grid_share(w.half()) == 1.0
+    assert int4_grid_share((torch.randn(48, 64) * 0.02).bfloat16()) < 0.01
     on = {"a": w, "b": _q4_1_weight(32, 96, seed=1)[0]}
     assert "2 sampled weights" in checkpoint_int4_grid(on)
     assert checkpoint_int4_grid({**on, "c": torch.randn(32, 64)}) is None  # one weight off: not a 4-bit checkpoint
     assert checkpoint_int4_grid({"odd": torch.randn(24, 40)}) is None  # nothing int4's kernel could serve
+    # one weight whose full shape the kernel does not serve (it would be int8): not taken as int4
+    assert checkpoint_int4_grid(on, {"a": (48, 64), "b": (40, 96)}) is None
+    assert checkpoint_int4_grid(on, {"a": (480, 64), "b": (32, 96)}) is not None
 
 
 def _checkpoint(directory, weight) -> str:
@@ -51,49 +57,74 @@ def test_auto_serves_a_4bit_checkpoint_in_int4_and_a_float_one_in_bfloat16(tmp_p
     mixed = _checkpoint(tmp_path / "last", lambda i: torch.randn(64, 96) if i == 2 else _q4_1_weight(64, 96, seed=i)[0])
     assert factory.resolve_weight_format("auto", mixed)[0] == "bfloat16"
     assert factory.resolve_weight_format("bfloat16", grid) == ("bfloat16", "as requested")
+    (tmp_path / "garbage").mkdir()  # unreadable weights: bfloat16, the loader reports the file
+    (tmp_path / "garbage" / "model.safetensors").write_bytes(b"not a safetensors file")
+    assert factory.resolve_weight_format("auto", str(tmp_path / "garbage"))[0] == "bfloat16"
     # without native bfloat16 auto times float32 against bfloat16 and never quantizes
     monkeypatch.setattr(factory, "native_bf16_flags", lambda: [])
     assert factory.resolve_weight_format("auto", grid)[0] in ("float32", "bfloat16")
 
 
-def test_int4s_prefill_copy_is_the_kernels_own_weight_used_only_for_many_rows_inside_a_prefill():
+def test_int4s_prefill_copy_is_the_kernels_own_weight_used_only_inside_a_prefill():
     w, _ = _q4_1_weight(48, 64)
     linear = nn.Linear(64, 48, bias=True)
     with torch.no_grad():
         linear.weight.copy_(w)
     layer = Int4Linear(linear)
     assert torch.equal(layer.weight_bf16, layer.dequantized())  # the kernel through the identity
-    many = torch.randn(PREFILL_MIN_ROWS, 64).bfloat16()
-    kernel = torch.ops.aten._weight_int4pack_mm_for_cpu(many, layer.weight_int4, 32, layer.scales_and_zeros) + layer.bias
-    dense = F.linear(many, layer.weight_bf16) + layer.bias
+    assert "weight_bf16" not in layer.state_dict()  # derived at load, never saved
+    x = torch.randn(40, 64).bfloat16()
+    kernel = torch.ops.aten._weight_int4pack_mm_for_cpu(x, layer.weight_int4, 32, layer.scales_and_zeros) + layer.bias
+    dense = F.linear(x, layer.weight_bf16) + layer.bias
     assert not torch.equal(kernel, dense)  # the two paths round differently, so the test can tell them apart
-    assert torch.equal(layer(many), kernel)  # outside a prefill: the kernel, whatever the row count
+    assert torch.equal(layer(x), kernel)  # outside a prefill: the kernel, whatever the row count
     with prefill_weights():
-        assert torch.equal(layer(many), dense)
-        assert torch.equal(layer(many[:PREFILL_MIN_ROWS - 1]), kernel[:PREFILL_MIN_ROWS - 1])  # few rows: the kernel
+        assert torch.equal(layer(x), dense)
+        # a prompt row rounds alike whatever its chunk's size: a short chunk takes the copy too
+        assert torch.equal(layer(x[:3]), F.linear(x[:3], layer.weight_bf16) + layer.bias)
         with prefill_weights(False):
-            assert torch.equal(layer(many), kernel)
-        assert torch.equal(layer(many), dense)
-    assert torch.equal(layer(many), kernel)
+            assert torch.equal(layer(x), kernel)
+        assert torch.equal(layer(x), dense)
+    assert torch.equal(layer(x), kernel)
 
 
-def test_the_engine_prefills_int4_through_the_copy_and_decodes_through_the_kernel():
+def _int4_calls(target: TargetModel) -> list[tuple[bool, int]]:
+    """(inside a prefill, rows) of every call of the target's first Int4Linear, as it runs."""
+    calls = []
+    layer = next(m for m in target.modules() if isinstance(m, Int4Linear))
+    layer.register_forward_pre_hook(lambda m, args: calls.append((quantized_linear._PREFILL.get(), args[0].shape[0])))
+    return calls
+
+
+def test_the_engine_prefills_int4_through_the_copy_and_verifies_through_the_kernel():
     from sglang_dspark.engine.engine import Engine, EngineConfig
     from sglang_dspark.engine.sampling import SamplingParams
 
     target = TargetModel.from_hf_model(tiny_hf_target(), weight_format="int4")
-    calls = []
-    layer = next(m for m in target.modules() if isinstance(m, Int4Linear))
-    layer.register_forward_pre_hook(lambda m, args: calls.append((quantized_linear._PREFILL.get(), args[0].shape[0])))
-    engine = Engine(target, ToyTokenizer(), None, model_name="tiny",
-                    config=EngineConfig(mode="target", max_running=2, max_len=256, prefill_chunk=64))
+    calls = _int4_calls(target)
+    engine = Engine(target, ToyTokenizer(), tiny_drafter_for(target), model_name="tiny",
+                    config=EngineConfig(mode="full", max_running=8, max_len=256, prefill_chunk=64))
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(4, VOCAB, (40,), generator=g).tolist() for _ in range(2)]
-    run_to_completion(engine, prompts, [SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)] * 2)
+    prompts = [torch.randint(4, VOCAB, (int(n),), generator=g).tolist() for n in torch.randint(3, 40, (8,), generator=g)]
+    run_to_completion(engine, prompts, [SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)] * 8)
     prefills = [rows for prefill, rows in calls if prefill]
-    decodes = [rows for prefill, rows in calls if not prefill]
-    assert prefills and max(prefills) >= PREFILL_MIN_ROWS  # the prompt chunks went through the copy
-    assert len(decodes) >= 5 and max(decodes) <= 2  # one row per request per step, through the kernel
+    verifies = [rows for prefill, rows in calls if not prefill]
+    assert sum(prefills) == sum(len(p) for p in prompts)  # every prompt row through the copy, none else
+    assert verifies and max(verifies) >= 8 * 5  # 8 requests x (anchor + 4 drafts), through the kernel
+
+
+def test_training_features_are_computed_as_the_engine_computes_them():
+    """The prompt prefilled (int4: through the copy), the response's positions through the decode
+    kernel, so a drafter trains on the hidden states it will see."""
+    from sglang_dspark.train.features import teacher_forced_rows
+
+    target = TargetModel.from_hf_model(tiny_hf_target(), weight_format="int4")
+    calls = _int4_calls(target)
+    g = torch.Generator().manual_seed(1)
+    sequences = [(torch.randint(4, VOCAB, (n,), generator=g).tolist(), p) for n, p in ((50, 30), (20, 12), (9, 9))]
+    rows = teacher_forced_rows(target, sequences, [0, 2])
+    assert sorted(calls) == [(False, 19 + 7), (True, 30 + 12 + 8)]  # responses' n - 1 - p rows; prompts' p
+    assert [r["features"].shape[0] for r in rows] == [49, 19, 8]
 
 
 @pytest.mark.slow

@@ -3,8 +3,10 @@ a drafter, and packs their weights for the CPU."""
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
+from contextlib import ExitStack
 
 import torch
 
@@ -29,11 +31,13 @@ def resolve_weight_format(weight_format: str, model_dir) -> tuple[str, str]:
         return weight_format, "as requested"
     native = native_bf16_flags()
     if native:  # decided by the flags and whether the weights are already 4-bit: nothing to time
-        return choose_auto([], native=native, int4_grid=checkpoint_int4_grid(_sampled_decoder_weights(model_dir)))
+        return choose_auto([], native=native, int4_grid=checkpoint_int4_grid(*_sampled_decoder_weights(model_dir)))
+    from safetensors import safe_open
+
     shapes = []
     try:
-        for f in _safetensors(model_dir):
-            with f:
+        for path in _safetensors(model_dir):
+            with safe_open(path, framework="pt") as f:
                 shapes += [f.get_slice(name).get_shape() for name in f.keys()
                            if name.endswith("_proj.weight") or name.endswith("embed_tokens.weight")]
     except Exception as exc:  # safetensors' own error type; loading the model reports it properly
@@ -46,30 +50,36 @@ def resolve_weight_format(weight_format: str, model_dir) -> tuple[str, str]:
     return choose_auto([torch.empty(s).uniform_(-0.05, 0.05) for s in shapes])
 
 
-def _safetensors(model_dir):
-    import glob
+def _safetensors(model_dir) -> list[str]:
+    return sorted(glob.glob(os.path.join(str(model_dir), "*.safetensors")))
 
+
+# rows read of each sampled weight: enough groups to tell a 4-bit checkpoint, a small read
+SAMPLED_ROWS = 256
+
+
+def _sampled_decoder_weights(model_dir) -> tuple[dict, dict]:
+    """The first SAMPLED_ROWS rows of the first and the last decoder layer's projection weights
+    (whether a checkpoint is 4-bit shows in any of them; reading all would read the model twice),
+    and their full shapes; empty where unreadable (logged: auto then takes bfloat16, and loading
+    reports the file)."""
     from safetensors import safe_open
 
-    return [safe_open(file, framework="pt") for file in sorted(glob.glob(os.path.join(str(model_dir), "*.safetensors")))]
-
-
-def _sampled_decoder_weights(model_dir) -> dict:
-    """The first and the last decoder layer's projection weights (whether a checkpoint is 4-bit
-    shows in any of them; reading all would read the model twice); {} where unreadable."""
     try:
-        names, files = {}, _safetensors(model_dir)
-        for f in files:
-            for name in f.keys():
-                if name.endswith("_proj.weight") and ".layers." in name:
-                    names[name] = f
-        layers = sorted({int(n.split(".layers.", 1)[1].split(".", 1)[0]) for n in names})
-        if not layers:
-            return {}
-        keep = {f".layers.{layers[0]}.", f".layers.{layers[-1]}."}
-        return {n: f.get_tensor(n) for n, f in names.items() if any(k in n for k in keep)}
-    except Exception:  # safetensors' own error type; loading the model reports it properly
-        return {}
+        with ExitStack() as files:
+            names = {}
+            for path in _safetensors(model_dir):
+                f = files.enter_context(safe_open(path, framework="pt"))
+                names.update({name: f for name in f.keys() if name.endswith("_proj.weight") and ".layers." in name})
+            layers = sorted({int(n.split(".layers.", 1)[1].split(".", 1)[0]) for n in names})
+            keep = {f".layers.{layers[0]}.", f".layers.{layers[-1]}."} if layers else set()
+            sampled = {n: f for n, f in names.items() if any(k in n for k in keep)}
+            return ({n: f.get_slice(n)[:SAMPLED_ROWS] for n, f in sampled.items()},
+                    {n: tuple(f.get_slice(n).get_shape()) for n, f in sampled.items()})
+    except Exception as exc:  # safetensors' own error types, a malformed layer name
+        logger.warning("auto: could not read the checkpoint's decoder weights to check for 4-bit values (%s: %s)",
+                       type(exc).__name__, exc)
+        return {}, {}
 
 
 def load_models(model_dir, draft_dir=None, *, draft_vocab: bool = True, tune: bool = True,

@@ -1,7 +1,7 @@
 """Give freed heap memory back to the operating system.
 
-Weights are loaded as float32 and cast, `--dtype auto` times float32 and bfloat16 copies of every
-Linear weight, and a long prompt's prefill allocates attention scores of tens of MiB per layer. Most
+Weights are loaded as float32 and cast (and quantized), `--dtype auto` reads a sample of them or
+times float32 and bfloat16 copies of every Linear weight, and a long prompt's prefill allocates attention scores of tens of MiB per layer. Most
 of these tensors are a few MiB each, below glibc's mmap threshold, so freeing them leaves the pages
 in malloc's arena: measured on SmolLM2 in bfloat16, an idle server kept 0.55 GiB of such pages after
 start-up (benchmarks/serve_memory.py). `malloc_trim(0)` returns them; elsewhere (musl, macOS) this is

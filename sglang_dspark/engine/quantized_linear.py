@@ -15,12 +15,12 @@ shares a call with (tests/test_weight_format.py checks it on this CPU's kernels)
 verify block's rows equal to the one-row decodes they replace.
 
 The int4 kernel is a GEMV in disguise: from a few dozen rows on, oneDNN's bfloat16 GEMM over the
-same weights is faster (3.1x at 1,024 rows on a 2-core AMD EPYC), so an `Int4Linear` keeps its
-weight de-quantized in bfloat16 too (the kernel's own values: equal to it applied to the identity)
-and uses it for calls of `PREFILL_MIN_ROWS` or more inside `prefill_weights()`, which the engine
-enters for prompt chunks only: decode and verify rows always go through the int4 kernel, so they
-stay batch-invariant whatever is prefilled beside them. The copy costs 2 bytes per weight of
-resident memory, which the decode step never reads.
+same weights is faster (about 3x at 1,024 rows on a 2-core AMD EPYC, benchmarks/int4_prefill.py),
+so an `Int4Linear` keeps its weight de-quantized in bfloat16 too (the kernel's own values: equal to
+it applied to the identity) and uses it inside `prefill_weights()`, which the engine enters for
+prompt chunks only. Decode and verify rows always go through the int4 kernel and prompt rows
+always through the copy, so neither depends on what shares its call. The copy costs 2 bytes per
+weight of resident memory, which the decode step never reads.
 """
 
 from __future__ import annotations
@@ -33,11 +33,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# set by the engine around a prefill forward (per thread: the engine's own)
+# set by the engine around a prefill forward (per thread: the engine's own). Every prompt row then
+# takes the copy whatever its chunk's size, so a prompt's K/V do not depend on what else is prefilled
+# beside it (a short chunk pays: at 8 rows the kernel is faster, benchmarks/int4_prefill.py)
 _PREFILL = ContextVar("int4_prefill_weights", default=False)
-# rows from which the bfloat16 GEMM beats the int4 kernel, all 30 layers of SmolLM2 on a 2-core AMD
-# EPYC: 27 / 23 ms at 32 rows, 238 / 86 at 256, 969 / 313 at 1,024; at 8 rows the kernel, 12 / 21
-PREFILL_MIN_ROWS = 32
 
 
 @contextmanager
@@ -115,10 +114,13 @@ def int4_grid_share(w: torch.Tensor, group: int = INT4_GROUP) -> float:
     q, scale, lo = int4_groups(w, group)
     g = w.float().view(q.shape[0], -1, group)
     error = (g - (q.view_as(g) * scale[..., None] + lo[..., None])).abs().amax(-1)
-    return float((error <= GRID_TOLERANCE * scale).float().mean())
+    # a checkpoint stored in bfloat16 or float16 rounded each grid value once more
+    stored = 2 * torch.finfo(w.dtype).eps * g.abs().amax(-1) if w.is_floating_point() else 0.0
+    return float((error <= torch.maximum(GRID_TOLERANCE * scale, torch.as_tensor(stored))).float().mean())
 
 
-# a value on the grid comes back within float32 rounding; off the grid the error is up to scale / 2
+# a value on the grid comes back within float32 rounding (and its storage dtype's); off the grid
+# the worst of a group's 32 errors is close to scale / 2
 GRID_TOLERANCE = 1e-3
 
 
@@ -145,10 +147,10 @@ class Int4Linear(_WeightOnlyLinear):
         # zero the kernel reads, rounded once to bfloat16
         sz = self.scales_and_zeros.float().transpose(0, 1)  # [out, in/group, 2]
         grid = (q.view(q.shape[0], -1, INT4_GROUP).float() - _INT4_OFFSET) * sz[..., :1] + sz[..., 1:]
-        self.register_buffer("weight_bf16", grid.view_as(q).to(torch.bfloat16))
+        self.register_buffer("weight_bf16", grid.view_as(q).to(torch.bfloat16), persistent=False)
 
     def _mm(self, rows: torch.Tensor) -> torch.Tensor:
-        if _PREFILL.get() and rows.shape[0] >= PREFILL_MIN_ROWS:
+        if _PREFILL.get():
             return F.linear(rows, self.weight_bf16)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.weight_int4, INT4_GROUP, self.scales_and_zeros)
 

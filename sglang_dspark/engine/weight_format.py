@@ -48,9 +48,9 @@ logger = logging.getLogger(__name__)
 
 # auto takes bfloat16 only when it is clearly faster: a close call keeps the checkpoint's values
 AUTO_MIN_SPEEDUP = 1.2
-# ... and on a CPU with bfloat16 dot-product instructions (AVX512_BF16, AMX) auto takes bfloat16 without
-# timing: it halves the bytes a step streams and computes natively, and every idle measurement found it
-# faster (an Intel Xeon with AMX 1.03-1.10x at 1 row and 1.77x at 8, a 2-core AMD EPYC 1.5-2.7x), while
+# ... and on a CPU with bfloat16 dot-product instructions (AVX512_BF16, AMX) auto takes bfloat16 (int4
+# for a 4-bit checkpoint) without timing: bfloat16 halves the bytes a step streams and computes
+# natively, and every idle measurement found it faster (an Intel Xeon with AMX 1.03-1.10x at 1 row and 1.77x at 8, a 2-core AMD EPYC 1.5-2.7x), while
 # a timing at start measures the neighbours too: four servers starting at once on the AMD EPYC timed
 # bfloat16 at 0.41x and 0.86x at one row in two of them, which took float32 and decoded 1.6x slower
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -117,14 +117,16 @@ def apply_to_drafter(drafter: nn.Module, fmt: str) -> None:
 INT4_GRID_MIN_SHARE = 0.99
 
 
-def checkpoint_int4_grid(weights: dict[str, torch.Tensor]) -> str | None:
-    """Why these decoder Linear weights (name -> [out, in], a sample of the checkpoint's) count as
-    Q4_1 values, or None where any of them is off the grid (or none fits int4's kernel)."""
-    fitting = {name: w for name, w in weights.items()
-               if int4_fits(nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta"))}
-    if not fitting:
+def checkpoint_int4_grid(weights: dict[str, torch.Tensor], shapes: dict[str, tuple] | None = None) -> str | None:
+    """Why these decoder Linear weights (name -> [rows, in], a sample of the checkpoint's; `shapes`:
+    their full shapes, default theirs) count as Q4_1 values, or None where any of them is off the
+    grid or not a shape int4's kernel serves (it would fall back to int8, which auto never takes)."""
+    shapes = shapes or {name: tuple(w.shape) for name, w in weights.items()}
+    if not weights or not all(w.ndim == 2 and len(shapes[n]) == 2 and
+                              int4_fits(nn.Linear(shapes[n][1], shapes[n][0], bias=False, device="meta"))
+                              for n, w in weights.items()):
         return None
-    shares = {name: int4_grid_share(w) for name, w in fitting.items()}
+    shares = {name: int4_grid_share(w) for name, w in weights.items()}
     if min(shares.values()) < INT4_GRID_MIN_SHARE:
         return None
     return f"{len(shares)} sampled weights, each with {min(shares.values()):.1%} or more of its groups of 32 on the grid"

@@ -50,6 +50,15 @@ def target_statistics(last_layer: torch.Tensor, norm: dict, lm_head: torch.Tenso
     return torch.cat(lse), torch.cat(argmax), mass
 
 
+def _hidden(target: TargetModel, cache, layers, segments: list[Segment], *, prefill: bool) -> torch.Tensor:
+    """The captured layers' outputs of the non-empty segments, in order ([0, ...] when all are empty)."""
+    segments = [s for s in segments if len(s.tokens)]
+    if not segments:
+        return torch.zeros(0, len(layers) * target.config.hidden_size, dtype=target.dtype)
+    with prefill_weights(prefill):
+        return target.forward_segments(segments, cache, capture_layers=layers, logits_for="last").hidden
+
+
 @torch.inference_mode()
 def teacher_forced_rows(target: TargetModel, sequences: list[tuple[list[int], int]], layer_ids,
                         *, max_batch_tokens: int = 4096) -> list[dict]:
@@ -76,14 +85,19 @@ def teacher_forced_rows(target: TargetModel, sequences: list[tuple[list[int], in
         batches.append(current)
     cache = target.new_kv_cache(max(len(b) for b in batches) if batches else 1, longest)
     for batch in batches:
-        segments = [Segment(slot, 0, torch.tensor(sequences[i][0][:-1])) for slot, i in enumerate(batch)]
-        with prefill_weights():  # whole sequences: as the engine prefills (engine/quantized_linear.py)
-            out = target.forward_segments(segments, cache, capture_layers=layers, logits_for="last")
-        offset = 0
-        for i, seg in zip(batch, segments):
-            n = len(seg.tokens)
-            feats = out.hidden[offset : offset + n].half()
-            offset += n
+        # as the engine computes them: the prompt prefilled (int4: through its bfloat16 copy,
+        # engine/quantized_linear.py), the response's positions after it through the decode kernels
+        split = [min(sequences[i][1], len(sequences[i][0]) - 1) for i in batch]
+        first = _hidden(target, cache, layers, [Segment(slot, 0, torch.tensor(sequences[i][0][:p]))
+                                                for slot, (i, p) in enumerate(zip(batch, split))], prefill=True)
+        second = _hidden(target, cache, layers, [Segment(slot, p, torch.tensor(sequences[i][0][p:-1]))
+                                                 for slot, (i, p) in enumerate(zip(batch, split))], prefill=False)
+        offset = [0, 0]
+        for i, p in zip(batch, split):
+            n = len(sequences[i][0]) - 1
+            feats = torch.cat([first[offset[0] : offset[0] + p], second[offset[1] : offset[1] + n - p]]).half()
+            offset[0] += p
+            offset[1] += n - p
             prompt_len = sequences[i][1]
             # mass over response positions only: position t predicts token t + 1
             lse, argmax, mass = target_statistics(feats[:, -hidden:], norm, lm_head, mass_from=prompt_len - 1)

@@ -1,0 +1,90 @@
+"""int4's two paths for a block of rows, whole-model: the int4 kernel (what decode and verify rows
+take) against oneDNN's bfloat16 GEMM over the same values (`Int4Linear.weight_bf16`, what prompt
+chunks take inside `prefill_weights()`). Every Linear of SmolLM2's 30 decoder layers once, distinct
+weights (so they stream from memory as in a real step), random values on the Q4_1 grid's shape;
+interleaved, the fastest of `--reps` per path (a busy neighbour only adds time).
+
+    python benchmarks/int4_prefill.py [--rows 1,8,32,64,256,1024] [--reps 3] [--threads 2]
+
+Prints a table and writes benchmarks/results/int4_prefill.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from common import ROOT
+
+from sglang_dspark.engine.quantized_linear import Int4Linear, prefill_weights
+
+# SmolLM2-135M's decoder Linear shapes (out, in): q, k, v, o, gate, up, down
+SHAPES = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]
+LAYERS = 30
+
+
+def model_layers(seed: int = 0) -> list[Int4Linear]:
+    torch.manual_seed(seed)
+    layers = []
+    for _ in range(LAYERS):
+        for out_f, in_f in SHAPES:
+            linear = nn.Linear(in_f, out_f, bias=False)
+            with torch.no_grad():
+                linear.weight.normal_(0, 0.02)
+            layers.append(Int4Linear(linear))
+    return layers
+
+
+def time_pass(layers: list[Int4Linear], x: dict[int, torch.Tensor], copy: bool) -> float:
+    with prefill_weights(copy):
+        start = time.perf_counter()
+        for layer in layers:
+            layer(x[layer.in_features])
+        return time.perf_counter() - start
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", default="1,8,32,64,256,1024", help="comma-separated row counts of one call")
+    p.add_argument("--reps", type=int, default=3, help="interleaved timings per path and row count; the fastest is kept")
+    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    p.add_argument("--out", default=str(ROOT / "benchmarks/results/int4_prefill.json"), help="JSON output path")
+    args = p.parse_args()
+    try:
+        rows = [int(r) for r in args.rows.split(",") if r]
+    except ValueError:
+        p.error(f"--rows: comma-separated integers, got {args.rows!r}")
+    if not rows or min(rows) < 1 or args.reps < 1:
+        p.error("--rows must be >= 1 and --reps >= 1")
+    torch.set_num_threads(args.threads)
+    layers = model_layers()
+    results = []
+    print(f"{'rows':>6} {'int4 kernel ms':>15} {'bf16 copy ms':>13} {'kernel / copy':>14}")
+    for m in rows:
+        x = {k: torch.randn(m, k, dtype=torch.bfloat16) for k in {s[1] for s in SHAPES}}
+        times = {"kernel": [], "copy": []}
+        for i in range(args.reps + 1):
+            for name in times:
+                seconds = time_pass(layers, x, name == "copy")
+                if i:  # the first round warms both up
+                    times[name].append(seconds)
+        kernel, copy = min(times["kernel"]) * 1e3, min(times["copy"]) * 1e3
+        results.append({"rows": m, "kernel_ms": round(kernel, 2), "copy_ms": round(copy, 2),
+                        "kernel_over_copy": round(kernel / copy, 3)})
+        print(f"{m:>6} {kernel:>15.1f} {copy:>13.1f} {kernel / copy:>14.2f}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"benchmark": "int4_prefill", "threads": args.threads, "layers": LAYERS,
+                               "shapes": SHAPES, "reps": args.reps, "results": results}, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -81,7 +81,7 @@ def main() -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"benchmark": "int4_prefill", "threads": args.threads, "layers": LAYERS,
-                               "shapes": SHAPES, "reps": args.reps, "results": results}, indent=2))
+                               "shapes": SHAPES, "reps": args.reps, "results": results}, indent=2) + "\n")
     print(f"wrote {out}")
     return 0
 

@@ -88,6 +88,28 @@ def test_int4s_prefill_copy_is_the_kernels_own_weight_used_only_inside_a_prefill
     assert torch.equal(layer(x), kernel)
 
 
+@pytest.mark.parametrize("shape", [(576, 1536), (1536, 576)])  # SmolLM2's down_proj and gate/up
+def test_a_prompt_rows_output_does_not_depend_on_its_chunks_size(shape):
+    """oneDNN's one-row bfloat16 GEMM rounded some down_proj rows apart from 2+ rows on a 2-core
+    AMD EPYC: a one-row prompt chunk runs as two rows, so every chunk size gives the same rows."""
+    torch.manual_seed(0)
+    linear = nn.Linear(shape[1], shape[0], bias=False)
+    with torch.no_grad():
+        linear.weight.normal_(0, 0.02)
+    layer = Int4Linear(linear)
+    x = torch.randn(256, shape[1]).bfloat16()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # as served
+    try:
+        with prefill_weights():
+            whole = layer(x)
+            for rows in (1, 2, 3, 16, 64):
+                blocks = torch.cat([layer(x[s: s + rows]) for s in range(0, 256 - 256 % rows, rows)])
+                assert torch.equal(blocks, whole[: len(blocks)]), rows
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _int4_calls(target: TargetModel) -> list[tuple[bool, int]]:
     """(inside a prefill, rows) of every call of the target's first Int4Linear, as it runs."""
     calls = []

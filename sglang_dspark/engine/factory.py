@@ -72,7 +72,11 @@ def _sampled_decoder_weights(model_dir) -> tuple[dict, dict]:
                 f = files.enter_context(safe_open(path, framework="pt"))
                 names.update({name: f for name in f.keys() if name.endswith("_proj.weight") and ".layers." in name})
             layers = sorted({int(n.split(".layers.", 1)[1].split(".", 1)[0]) for n in names})
-            keep = {f".layers.{layers[0]}.", f".layers.{layers[-1]}."} if layers else set()
+            if not layers:
+                logger.info("auto: no decoder-layer projection weights (*.layers.N.*_proj.weight) in %s to check "
+                            "for 4-bit values", model_dir)
+                return {}, {}
+            keep = {f".layers.{layers[0]}.", f".layers.{layers[-1]}."}
             sampled = {n: f for n, f in names.items() if any(k in n for k in keep)}
             return ({n: f.get_slice(n)[:SAMPLED_ROWS] for n, f in sampled.items()},
                     {n: tuple(f.get_slice(n).get_shape()) for n, f in sampled.items()})

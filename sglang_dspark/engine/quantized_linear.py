@@ -15,11 +15,12 @@ shares a call with (tests/test_weight_format.py checks it on this CPU's kernels)
 verify block's rows equal to the one-row decodes they replace.
 
 The int4 kernel is a GEMV in disguise: from a few dozen rows on, oneDNN's bfloat16 GEMM over the
-same weights is faster (about 3x at 1,024 rows on a 2-core AMD EPYC, benchmarks/int4_prefill.py),
+same weights is faster (2.75x at 1,024 rows on a 2-core AMD EPYC, benchmarks/int4_prefill.py),
 so an `Int4Linear` keeps its weight de-quantized in bfloat16 too (the kernel's own values: equal to
 it applied to the identity) and uses it inside `prefill_weights()`, which the engine enters for
 prompt chunks only. Decode and verify rows always go through the int4 kernel and prompt rows
-always through the copy, so neither depends on what shares its call. The copy costs 2 bytes per
+always through the copy (one row as two: oneDNN's one-row path rounds apart), so neither depends
+on what shares its call (tests/test_int4_checkpoints.py checks it at SmolLM2's shapes). The copy costs 2 bytes per
 weight of resident memory, which the decode step never reads.
 """
 
@@ -151,6 +152,8 @@ class Int4Linear(_WeightOnlyLinear):
 
     def _mm(self, rows: torch.Tensor) -> torch.Tensor:
         if _PREFILL.get():
+            if rows.shape[0] == 1:  # oneDNN's one-row path rounds some rows apart from 2+ rows (down_proj's shape)
+                return F.linear(rows.expand(2, -1), self.weight_bf16)[:1]
             return F.linear(rows, self.weight_bf16)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.weight_int4, INT4_GROUP, self.scales_and_zeros)
 

@@ -2,8 +2,8 @@
 
 Build (or continue building) a training dataset from ShareGPT prompts: sequences and the frozen
 target's teacher-forced features, in shards (sglang_dspark/train/shards.py). SOURCE is
-`sharegpt-responses` (ShareGPT's own first replies, prefilled) or `on-policy` (the target's own
-sampled replies from the reference engine, then prefilled); see sglang_dspark/train/sources.py.
+`sharegpt-responses` (ShareGPT's own first replies, teacher-forced) or `on-policy` (the target's own
+sampled replies from the reference engine, then teacher-forced); see sglang_dspark/train/sources.py.
 Records are taken in a fixed seeded order from the chosen pool (train or held-out) and written
 --shard-records at a time; rerunning the same command resumes after the last finished shard, and
 the budgets (--max-records, --time-budget-min) count the whole build, resumes included. Each

@@ -1,7 +1,10 @@
-"""Teacher-forced target features: one prefill of each whole sequence through the engine's target.
+"""Teacher-forced target features: each sequence through the engine's target, its prompt as one
+prefill and its response's positions as one continuation after it.
 
-The engine's own `TargetModel` runs the pass, so training sees bit for bit the layer outputs the
-engine hands the drafter at inference. The last decoder layer is always captured: the final normed
+The engine's own `TargetModel` runs the passes with the engine's Linear paths (the prompt through
+int4's prefill copy, the response through the decode kernels), so training sees the layer outputs
+the engine hands the drafter at inference up to attention's rounding (the engine attends each
+decode row alone; here the response's rows attend in one masked call). The last decoder layer is always captured: the final normed
 hidden state is `final_hidden(last layer output)`, and from it the target's distribution over
 any set of tokens is recovered with the lm_head rows of those tokens and the stored log-normaliser.
 """
@@ -85,7 +88,7 @@ def teacher_forced_rows(target: TargetModel, sequences: list[tuple[list[int], in
         batches.append(current)
     cache = target.new_kv_cache(max(len(b) for b in batches) if batches else 1, longest)
     for batch in batches:
-        # as the engine computes them: the prompt prefilled (int4: through its bfloat16 copy,
+        # with the engine's Linear paths: the prompt prefilled (int4: through its bfloat16 copy,
         # engine/quantized_linear.py), the response's positions after it through the decode kernels
         split = [min(sequences[i][1], len(sequences[i][0]) - 1) for i in batch]
         first = _hidden(target, cache, layers, [Segment(slot, 0, torch.tensor(sequences[i][0][:p]))

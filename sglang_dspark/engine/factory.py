@@ -77,9 +77,9 @@ def _sampled_decoder_weights(model_dir) -> tuple[dict, dict]:
                             "for 4-bit values", model_dir)
                 return {}, {}
             keep = {f".layers.{layers[0]}.", f".layers.{layers[-1]}."}
-            sampled = {n: f for n, f in names.items() if any(k in n for k in keep)}
-            return ({n: f.get_slice(n)[:SAMPLED_ROWS] for n, f in sampled.items()},
-                    {n: tuple(f.get_slice(n).get_shape()) for n, f in sampled.items()})
+            sampled = {n: f.get_slice(n) for n, f in names.items() if any(k in n for k in keep)}
+            return ({n: s[:SAMPLED_ROWS] for n, s in sampled.items()},
+                    {n: tuple(s.get_shape()) for n, s in sampled.items()})
     except Exception as exc:  # safetensors' own error types, a malformed layer name
         logger.warning("auto: could not read the checkpoint's decoder weights to check for 4-bit values (%s: %s)",
                        type(exc).__name__, exc)

@@ -108,6 +108,11 @@ def int4_groups(w: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.Tensor,
     return q.view(n, k), scale, lo
 
 
+# a value on the grid comes back within float32 rounding (and its storage dtype's); off the grid
+# the worst of a group's 32 errors is close to scale / 2
+GRID_TOLERANCE = 1e-3
+
+
 def int4_grid_share(w: torch.Tensor, group: int = INT4_GROUP) -> float:
     """The share of `w`'s groups that are exactly q * scale + minimum with q in 0..15 (to float
     rounding): 1.0 for a checkpoint de-quantized from a Q4_1 GGUF, whose integers int4 then serves
@@ -120,13 +125,13 @@ def int4_grid_share(w: torch.Tensor, group: int = INT4_GROUP) -> float:
     return float((error <= torch.maximum(GRID_TOLERANCE * scale, torch.as_tensor(stored))).float().mean())
 
 
-# a value on the grid comes back within float32 rounding (and its storage dtype's); off the grid
-# the worst of a group's 32 errors is close to scale / 2
-GRID_TOLERANCE = 1e-3
+def int4_fits_shape(out_features: int, in_features: int) -> bool:
+    """Whether int4's kernel serves a weight of this shape (else quantize_linears falls back to int8)."""
+    return in_features % INT4_GROUP == 0 and out_features % _INT4_N_MULTIPLE == 0
 
 
 def int4_fits(linear: nn.Linear) -> bool:
-    return linear.in_features % INT4_GROUP == 0 and linear.out_features % _INT4_N_MULTIPLE == 0
+    return int4_fits_shape(linear.out_features, linear.in_features)
 
 
 class Int4Linear(_WeightOnlyLinear):

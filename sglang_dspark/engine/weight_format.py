@@ -41,7 +41,7 @@ from torch import nn
 
 from sglang_dspark.engine.format_names import WEIGHT_FORMATS
 from sglang_dspark.engine.one_row_gemv import one_row, pack_one_row_gemv
-from sglang_dspark.engine.quantized_linear import Int4Linear, Int8Linear, int4_fits, int4_grid_share, quantize_linears
+from sglang_dspark.engine.quantized_linear import Int4Linear, Int8Linear, int4_fits_shape, int4_grid_share, quantize_linears
 from sglang_dspark.engine.weight_layout import pack_drafter_for_cpu, pack_linears_for_cpu
 
 logger = logging.getLogger(__name__)
@@ -122,8 +122,7 @@ def checkpoint_int4_grid(weights: dict[str, torch.Tensor], shapes: dict[str, tup
     their full shapes, default theirs) count as Q4_1 values, or None where any of them is off the
     grid or not a shape int4's kernel serves (it would fall back to int8, which auto never takes)."""
     shapes = shapes or {name: tuple(w.shape) for name, w in weights.items()}
-    if not weights or not all(w.ndim == 2 and len(shapes[n]) == 2 and
-                              int4_fits(nn.Linear(shapes[n][1], shapes[n][0], bias=False, device="meta"))
+    if not weights or not all(w.ndim == 2 and len(shapes[n]) == 2 and int4_fits_shape(*shapes[n])
                               for n, w in weights.items()):
         return None
     shares = {name: int4_grid_share(w) for name, w in weights.items()}

@@ -95,12 +95,11 @@ def teacher_forced_rows(target: TargetModel, sequences: list[tuple[list[int], in
                                                 for slot, (i, p) in enumerate(zip(batch, split))], prefill=True)
         second = _hidden(target, cache, layers, [Segment(slot, p, torch.tensor(sequences[i][0][p:-1]))
                                                  for slot, (i, p) in enumerate(zip(batch, split))], prefill=False)
-        offset = [0, 0]
-        for i, p in zip(batch, split):
-            n = len(sequences[i][0]) - 1
-            feats = torch.cat([first[offset[0] : offset[0] + p], second[offset[1] : offset[1] + n - p]]).half()
-            offset[0] += p
-            offset[1] += n - p
+        # each sequence's rows: its p prompt positions, then its n - 1 - p response positions
+        prompt_rows = first.split(split)
+        response_rows = second.split([len(sequences[i][0]) - 1 - p for i, p in zip(batch, split)])
+        for i, head, tail in zip(batch, prompt_rows, response_rows):
+            feats = torch.cat([head, tail]).half()
             prompt_len = sequences[i][1]
             # mass over response positions only: position t predicts token t + 1
             lse, argmax, mass = target_statistics(feats[:, -hidden:], norm, lm_head, mass_from=prompt_len - 1)

@@ -1,8 +1,11 @@
-"""int4's two paths for a block of rows, whole-model: the int4 kernel (what decode and verify rows
+"""int4's paths for a block of prompt rows, whole-model: the int4 kernel (what decode and verify rows
 take) against oneDNN's bfloat16 GEMM over the same values (`Int4Linear.weight_bf16`, what prompt
-chunks take inside `prefill_weights()`). Every Linear of SmolLM2's 30 decoder layers once, distinct
-weights (so they stream from memory as in a real step), random values on the Q4_1 grid's shape;
-interleaved, the fastest of `--reps` per path (a busy neighbour only adds time).
+chunks take inside `prefill_weights()`), called once whatever the rows (`any`) or in calls of
+exactly 256 zero-padded rows (`fixed`; engine/prefill_rows.py). Every Linear of SmolLM2's 30
+decoder layers once, at the engine's fused shapes (qkv, o, gate-up, down), distinct weights (so
+they stream from memory as in a real step), random values; interleaved, the fastest of `--reps`
+per path (a busy neighbour only adds time). The header says which way this CPU's load-time check
+takes (`tune_prefill_rows`: the cheapest that gives a prompt row the same bits whatever its chunk).
 
     python benchmarks/int4_prefill.py [--rows 1,8,32,64,256,1024] [--reps 3] [--threads 2]
 
@@ -22,10 +25,13 @@ from torch import nn
 
 from common import ROOT
 
+from sglang_dspark.engine.prefill_rows import tune_prefill_rows
+from sglang_dspark.profile.fingerprint import hardware_id
 from sglang_dspark.engine.quantized_linear import Int4Linear, prefill_weights
 
-# SmolLM2-135M's decoder Linear shapes (out, in): q, k, v, o, gate, up, down
-SHAPES = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]
+# SmolLM2-135M's decoder Linear shapes (out, in) as TargetModel fuses them: qkv, o, gate-up, down
+SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
+PATHS = ("kernel", "any", "fixed")
 LAYERS = 30
 
 
@@ -41,8 +47,10 @@ def model_layers(seed: int = 0) -> list[Int4Linear]:
     return layers
 
 
-def time_pass(layers: list[Int4Linear], x: dict[int, torch.Tensor], copy: bool) -> float:
-    with prefill_weights(copy):
+def time_pass(layers: list[Int4Linear], x: dict[int, torch.Tensor], path: str) -> float:
+    for layer in layers:
+        layer.prefill_rows = path
+    with prefill_weights(path != "kernel"):
         start = time.perf_counter()
         for layer in layers:
             layer(x[layer.in_features])
@@ -64,24 +72,27 @@ def main() -> int:
         p.error("--rows must be >= 1 and --reps >= 1")
     torch.set_num_threads(args.threads)
     layers = model_layers()
+    tuned = tune_prefill_rows([nn.ModuleList(layers)])
+    print(f"this CPU's prompt rows at load: {tuned}")
     results = []
-    print(f"{'rows':>6} {'int4 kernel ms':>15} {'bf16 copy ms':>13} {'kernel / copy':>14}")
+    print(f"{'rows':>6} {'int4 kernel ms':>15} {'copy, any ms':>13} {'copy, fixed ms':>15} {'fixed / any':>12}")
     for m in rows:
         x = {k: torch.randn(m, k, dtype=torch.bfloat16) for k in {s[1] for s in SHAPES}}
-        times = {"kernel": [], "copy": []}
+        times = {path: [] for path in PATHS}
         for i in range(args.reps + 1):
-            for name in times:
-                seconds = time_pass(layers, x, name == "copy")
-                if i:  # the first round warms both up
-                    times[name].append(seconds)
-        kernel, copy = min(times["kernel"]) * 1e3, min(times["copy"]) * 1e3
-        results.append({"rows": m, "kernel_ms": round(kernel, 2), "copy_ms": round(copy, 2),
-                        "kernel_over_copy": round(kernel / copy, 3)})
-        print(f"{m:>6} {kernel:>15.1f} {copy:>13.1f} {kernel / copy:>14.2f}")
+            for path in PATHS:
+                seconds = time_pass(layers, x, path)
+                if i:  # the first round warms them up
+                    times[path].append(seconds)
+        ms = {path: min(t) * 1e3 for path, t in times.items()}
+        results.append({"rows": m, **{f"{path}_ms": round(v, 2) for path, v in ms.items()},
+                        "fixed_over_any": round(ms["fixed"] / ms["any"], 3)})
+        print(f"{m:>6} {ms['kernel']:>15.1f} {ms['any']:>13.1f} {ms['fixed']:>15.1f} {ms['fixed'] / ms['any']:>12.2f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"benchmark": "int4_prefill", "threads": args.threads, "layers": LAYERS,
-                               "shapes": SHAPES, "reps": args.reps, "results": results}, indent=2) + "\n")
+                               "shapes": SHAPES, "reps": args.reps, "tuned": tuned,
+                               "host": hardware_id(), "results": results}, indent=2) + "\n")
     print(f"wrote {out}")
     return 0
 

@@ -106,3 +106,13 @@ def serve_all(engine, prompts: list[list[int]], params, timeout_s: float = 3600)
         raise RuntimeError(f"{state['left']} requests unfinished after {timeout_s} s")
     wall = time.perf_counter() - start
     return Run(wall, arrivals, state["tokens"], engine.records.since(first))
+
+
+def write_result(path, result: dict) -> None:
+    """A benchmark's JSON (indented, one trailing newline) at `path`, and the line that says so."""
+    import json
+
+    with open(path, "w") as f:
+        json.dump(result, f, indent=2)
+        f.write("\n")
+    print(f"wrote {path}")

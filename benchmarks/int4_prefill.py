@@ -1,11 +1,10 @@
 """int4's paths for a block of prompt rows, whole-model: the int4 kernel (what decode and verify rows
 take) against oneDNN's bfloat16 GEMM over the same values (`Int4Linear.weight_bf16`, what prompt
-chunks take inside `prefill_weights()`), called once whatever the rows (`any`) or in calls of
-exactly 256 zero-padded rows (`fixed`; engine/prefill_rows.py). Every Linear of SmolLM2's 30
-decoder layers once, at the engine's fused shapes (qkv, o, gate-up, down), distinct weights (so
-they stream from memory as in a real step), random values; interleaved, the fastest of `--reps`
-per path (a busy neighbour only adds time). The header says which way this CPU's load-time check
-takes (`tune_prefill_rows`: the cheapest that gives a prompt row the same bits whatever its chunk).
+chunks take inside `prefill_weights()`), called once whatever the rows (`one call`, the engine's
+way) or in calls of exactly 256 zero-padded rows (`fixed`, benchmarks/prefill_ways.py). Every
+Linear of SmolLM2's 30 decoder layers once, at the engine's fused shapes (qkv, o, gate-up, down),
+distinct weights (so they stream from memory as in a real step), random values; interleaved, the
+fastest of `--reps` per path (a busy neighbour only adds time).
 
     python benchmarks/int4_prefill.py [--rows 1,8,32,64,256,1024] [--reps 3] [--threads 2]
 
@@ -25,13 +24,14 @@ from torch import nn
 
 from common import ROOT
 
-from sglang_dspark.engine.prefill_rows import tune_prefill_rows
-from sglang_dspark.profile.fingerprint import hardware_id
+from prefill_ways import prefill_way
+
 from sglang_dspark.engine.quantized_linear import Int4Linear, prefill_weights
+from sglang_dspark.profile.fingerprint import hardware_id
 
 # SmolLM2-135M's decoder Linear shapes (out, in) as TargetModel fuses them: qkv, o, gate-up, down
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
-PATHS = ("kernel", "any", "fixed")
+PATHS = ("kernel", "one call", "fixed")
 LAYERS = 30
 
 
@@ -48,9 +48,7 @@ def model_layers(seed: int = 0) -> list[Int4Linear]:
 
 
 def time_pass(layers: list[Int4Linear], x: dict[int, torch.Tensor], path: str) -> float:
-    for layer in layers:
-        layer.prefill_rows = path
-    with prefill_weights(path != "kernel"):
+    with prefill_way(layers, path), prefill_weights(path != "kernel"):
         start = time.perf_counter()
         for layer in layers:
             layer(x[layer.in_features])
@@ -72,10 +70,8 @@ def main() -> int:
         p.error("--rows must be >= 1 and --reps >= 1")
     torch.set_num_threads(args.threads)
     layers = model_layers()
-    tuned = tune_prefill_rows([nn.ModuleList(layers)])
-    print(f"this CPU's prompt rows at load: {tuned}")
     results = []
-    print(f"{'rows':>6} {'int4 kernel ms':>15} {'copy, any ms':>13} {'copy, fixed ms':>15} {'fixed / any':>12}")
+    print(f"{'rows':>6} {'int4 kernel ms':>15} {'copy, one call ms':>18} {'copy, fixed ms':>15} {'fixed / one call':>17}")
     for m in rows:
         x = {k: torch.randn(m, k, dtype=torch.bfloat16) for k in {s[1] for s in SHAPES}}
         times = {path: [] for path in PATHS}
@@ -85,14 +81,15 @@ def main() -> int:
                 if i:  # the first round warms them up
                     times[path].append(seconds)
         ms = {path: min(t) * 1e3 for path, t in times.items()}
-        results.append({"rows": m, **{f"{path}_ms": round(v, 2) for path, v in ms.items()},
-                        "fixed_over_any": round(ms["fixed"] / ms["any"], 3)})
-        print(f"{m:>6} {ms['kernel']:>15.1f} {ms['any']:>13.1f} {ms['fixed']:>15.1f} {ms['fixed'] / ms['any']:>12.2f}")
+        results.append({"rows": m, **{f"{path.replace(' ', '_')}_ms": round(v, 2) for path, v in ms.items()},
+                        "fixed_over_one_call": round(ms["fixed"] / ms["one call"], 3)})
+        print(f"{m:>6} {ms['kernel']:>15.1f} {ms['one call']:>18.1f} {ms['fixed']:>15.1f} "
+              f"{ms['fixed'] / ms['one call']:>17.2f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"benchmark": "int4_prefill", "threads": args.threads, "layers": LAYERS,
-                               "shapes": SHAPES, "reps": args.reps, "tuned": tuned,
-                               "host": hardware_id(), "results": results}, indent=2) + "\n")
+                               "shapes": SHAPES, "reps": args.reps, "host": hardware_id(),
+                               "results": results}, indent=2) + "\n")
     print(f"wrote {out}")
     return 0
 

@@ -107,6 +107,8 @@ class EngineMetrics:
                                       "and compared token for token", registry=r)
         self.canary_mismatches = Counter("sglang_dspark_canary_mismatches", "Replays whose tokens differed from the "
                                          "speculative output (should stay 0)", registry=r)
+        self.canary_near_ties = Counter("sglang_dspark_canary_near_ties", "Replays that left the speculative output "
+                                        "at a near tie of the format's rounding (engine/canary.py)", registry=r)
         # the SPS table the planner reads: where it comes from, how old and how right it is
         self.sps_source = Gauge("sglang_dspark_sps_table_source", "1 for the source of the SPS table in use",
                                 ["source"], registry=r)

@@ -10,7 +10,8 @@ from engine_fixtures import TickClock, run_to_completion, tiny_engine, tiny_hf_t
 
 from sglang_dspark.core.sps import SpsTable
 from sglang_dspark.engine import engine as engine_module
-from sglang_dspark.engine.canary import chosen
+from sglang_dspark.engine.canary import MATCH, MISMATCH, NEAR_TIE, NEAR_TIE_ULPS, Canary, bf16_ulp, chosen, divergence_margin
+from sglang_dspark.engine.request import Request
 from sglang_dspark.engine.sampling import SamplingParams
 
 FREE = SpsTable.from_points([1, 64], [100.0, 100.0], max_batch_tokens=64)  # verify tokens free: drafts get verified
@@ -71,6 +72,8 @@ def test_a_broken_verification_is_caught(tmp_path, monkeypatch):
     first = evidence[0]
     assert first["speculative"][: first["first_difference"]] == first["replayed"][: first["first_difference"]]
     assert first["speculative"][first["first_difference"]] != first["replayed"][first["first_difference"]]
+    # the replay's argmax beat the slipped-through draft in its own logits: a margin, no near tie in float32
+    assert all(e["margin_ulps"] > 0 and not e["near_tie"] and e["weight_format"] == "float32" for e in evidence)
 
 
 def test_the_share_is_a_content_blind_hash():
@@ -170,3 +173,62 @@ def test_a_replay_cut_short_by_shutdown_is_not_a_mismatch():
     engine.abort_all()
     assert engine.canary.mismatches == 0 and engine.canary.replays == 0
     assert "sglang_dspark_canary_mismatches_total 0.0" in engine.metrics.render().decode()
+
+
+def test_the_margin_at_the_first_difference_is_in_bfloat16_ulps_of_the_replays_logit():
+    assert bf16_ulp(20.0) == 0.125 and bf16_ulp(-20.0) == 0.125 and bf16_ulp(1.0) == 2 ** -7 and bf16_ulp(0.75) == 2 ** -8
+    logits = torch.full((3, 8), -5.0)
+    logits[0, 1], logits[1, 2], logits[1, 6], logits[2, 3] = 9.0, 20.0, 19.75, 4.0
+    plain = SamplingParams(temperature=0.0)
+    assert divergence_margin([1, 2], logits, [1, 2, 3], plain) is None  # agrees so far
+    assert divergence_margin([1, 2], logits, [1, 6], plain) == (20.0 - 19.75) / 0.125  # 2 ulps at 20
+    assert divergence_margin([1, 2, 3], logits, [1, 2], plain) == float("inf")  # past the original's end
+    # what greedy sampling compared: the logits plus the request's bias
+    biased = SamplingParams(temperature=0.0, logit_bias=((6, 0.125),))
+    assert divergence_margin([1, 2], logits, [1, 6], biased) == 1.0
+
+
+def _replayed(expected: list[int], output: list[int], margin: float | None) -> Request:
+    req = Request("canary-1-req-7", [5, 6], SamplingParams(temperature=0.0), lambda out: None, None, arrival=0.0)
+    req.tokens += output
+    req.replay_of, req.expected, req.finish_reason, req.divergence_margin = "req-7", expected, "length", margin
+    return req
+
+
+def test_a_difference_within_the_formats_rounding_is_a_near_tie_and_beyond_it_a_mismatch(tmp_path):
+    canary = Canary(1.0, tmp_path)
+    allowed = NEAR_TIE_ULPS["int4"]
+    assert canary.finished(_replayed([1, 2, 3], [1, 2, 3], None), "int4") == MATCH
+    assert canary.finished(_replayed([1, 2, 3], [1, 4, 3], allowed), "int4") == NEAR_TIE
+    assert canary.finished(_replayed([1, 2, 3], [1, 4, 3], allowed + 0.5), "int4") == MISMATCH
+    assert canary.finished(_replayed([1, 2, 3], [1, 4, 3], 0.0), "float32") == MISMATCH  # float32: not even a tie
+    assert canary.finished(_replayed([1, 2], [1, 2, 3], None), "int4") == MISMATCH  # no margin to judge by
+    assert (canary.replays, canary.near_ties, canary.mismatches) == (5, 1, 3)
+    evidence = [json.loads(line) for line in (tmp_path / "canary_mismatches.jsonl").read_text().splitlines()]
+    assert [(e["near_tie"], e["margin_ulps"], e["weight_format"]) for e in evidence] == [
+        (True, allowed, "int4"), (False, allowed + 0.5, "int4"), (False, 0.0, "float32"), (False, None, "int4")]
+
+
+def test_the_engine_judges_a_replay_by_its_served_format_and_counts_near_ties_apart(monkeypatch):
+    """The broken verification of the test above, the margin fixed (the engine's own is tested
+    above): within the int4 allowance a near tie, not a mismatch; beyond it a mismatch."""
+    real = engine_module.verify_step
+
+    def broken(batch, drafts, draft_probs, logits, lens, shared):
+        num_acc, nxt = real(batch, drafts, draft_probs, logits, lens, shared)
+        wrong = num_acc < lens
+        nxt[wrong] = drafts[wrong, num_acc[wrong]]
+        return num_acc, nxt
+
+    monkeypatch.setattr(engine_module, "verify_step", broken)
+    greedy = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    for margin, near in ((NEAR_TIE_ULPS["int4"], True), (NEAR_TIE_ULPS["int4"] * 2, False)):
+        monkeypatch.setattr(engine_module, "divergence_margin", lambda *a, m=margin: m)
+        engine = tiny_engine("full", hf=tiny_hf_target(), max_running=4, canary_share=1.0)
+        engine.runner.target.weight_format = "int4"
+        run_to_completion(engine, _prompts(4), [greedy] * 4)
+        _drain(engine)
+        c, text = engine.canary, engine.metrics.render().decode()
+        assert c.replays == 4 and (c.near_ties, c.mismatches) == ((4, 0) if near else (0, 4))
+        assert f"sglang_dspark_canary_near_ties_total {float(c.near_ties)}" in text
+        assert f"sglang_dspark_canary_mismatches_total {float(c.mismatches)}" in text

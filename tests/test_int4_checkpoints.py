@@ -11,7 +11,6 @@ from safetensors.torch import save_file
 from torch import nn
 
 from sglang_dspark.engine import factory, quantized_linear
-from sglang_dspark.engine.prefill_rows import FIXED_ROWS, rows_agree, tune_prefill_rows
 from sglang_dspark.engine.quantized_linear import Int4Linear, int4_grid_share, prefill_weights
 from sglang_dspark.engine.target_model import TargetModel
 from sglang_dspark.engine.weight_format import checkpoint_int4_grid
@@ -76,73 +75,17 @@ def test_int4s_prefill_copy_is_the_kernels_own_weight_used_only_inside_a_prefill
     assert "weight_bf16" not in layer.state_dict()  # derived at load, never saved
     x = torch.randn(40, 64).bfloat16()
     kernel = torch.ops.aten._weight_int4pack_mm_for_cpu(x, layer.weight_int4, 32, layer.scales_and_zeros) + layer.bias
-    # an untuned layer's prompt rows: calls of exactly FIXED_ROWS rows, zero-padded (engine/prefill_rows.py)
-    padded = torch.cat([x, x.new_zeros(FIXED_ROWS - len(x), 64)])
-    dense = F.linear(padded, layer.weight_bf16)[: len(x)] + layer.bias
+    dense = F.linear(x, layer.weight_bf16) + layer.bias
     assert not torch.equal(kernel, dense)  # the two paths round differently, so the test can tell them apart
     assert torch.equal(layer(x), kernel)  # outside a prefill: the kernel, whatever the row count
     with prefill_weights():
         assert torch.equal(layer(x), dense)
-        # a prompt row rounds alike whatever its chunk's size: a short chunk takes the copy too
-        assert torch.equal(layer(x[:3]), dense[:3])
+        # every prompt row takes the copy whatever its chunk's size: a short chunk too
+        assert torch.equal(layer(x[:3]), F.linear(x[:3], layer.weight_bf16) + layer.bias)
         with prefill_weights(False):
             assert torch.equal(layer(x), kernel)
         assert torch.equal(layer(x), dense)
     assert torch.equal(layer(x), kernel)
-
-
-@pytest.mark.parametrize("shape", [(576, 1536), (3072, 576), (960, 576), (576, 576)])  # SmolLM2's fused shapes
-def test_a_prompt_rows_output_does_not_depend_on_its_chunks_size(shape):
-    """On an AMD EPYC oneDNN's one-row GEMM rounded down_proj rows apart from 2+ rows; on an Intel
-    Xeon with AMX most row counts below 256 did. Whichever way load-time tuning takes on this CPU,
-    and the untuned default, every chunking gives a prompt row the same bits."""
-    torch.manual_seed(0)
-    linear = nn.Linear(shape[1], shape[0], bias=False)
-    with torch.no_grad():
-        linear.weight.normal_(0, 0.02)
-    layer = Int4Linear(linear)
-    x = torch.randn(300, shape[1]).bfloat16()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)  # as served
-    try:
-        modes = ["fixed", tune_prefill_rows([layer])]  # the default, then what this CPU gets
-        for mode in modes:
-            layer.prefill_rows = mode
-            with prefill_weights():
-                whole = layer(x)
-                for rows in (1, 2, 3, 16, 64, 100, 256):
-                    blocks = torch.cat([layer(x[s: s + rows]) for s in range(0, len(x), rows)])
-                    assert torch.equal(blocks, whole), (mode, rows)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def test_the_prefill_check_tells_a_chunk_dependent_gemm_from_a_per_row_one():
-    w = (torch.randn(64, 96) * 0.02).bfloat16()
-    per_row = lambda x: (x.double() @ w.double().T).to(x.dtype)  # noqa: E731 - exact per row
-    assert rows_agree(w, "kernel", per_row)
-    # rounding that changes with the chunk's row count, as oneDNN's kernels do
-    by_count = lambda x: (x.double() @ w.double().T + 1e-3 * (len(x) % 3)).to(x.dtype)  # noqa: E731
-    assert not rows_agree(w, "kernel", by_count)
-    # ... or with a row's place in its call
-    by_place = lambda x: (x.double() @ w.double().T + 1e-3 * (torch.arange(len(x))[:, None] % 5 == 4)).to(x.dtype)  # noqa: E731
-    assert not rows_agree(w, "kernel", by_place)
-
-
-def test_tuning_takes_the_first_way_that_holds_for_every_shape(monkeypatch, caplog):
-    from sglang_dspark.engine import prefill_rows
-
-    layers = [Int4Linear(nn.Linear(64, 48)), Int4Linear(nn.Linear(96, 32)), Int4Linear(nn.Linear(64, 48))]
-    model = nn.Sequential(*layers)
-    for holds, expected in (({"any", "fixed", "kernel"}, "any"), ({"fixed", "kernel"}, "fixed"), ({"kernel"}, "kernel")):
-        # "any" fails for one shape only: every layer must still leave it
-        monkeypatch.setattr(prefill_rows, "rows_agree", lambda w, mode, kernel=None: mode in holds or (
-            mode == "any" and w.shape[1] == 64))
-        assert tune_prefill_rows([model]) == expected
-        assert {layer.prefill_rows for layer in layers} == {expected}
-    monkeypatch.setattr(prefill_rows, "rows_agree", lambda w, mode, kernel=None: False)
-    assert tune_prefill_rows([model]) == "kernel" and "may depend on what is prefilled" in caplog.text
-    assert tune_prefill_rows([nn.Linear(4, 4)]) is None
 
 
 def _int4_calls(target: TargetModel) -> list[tuple[bool, int]]:
@@ -201,17 +144,3 @@ def test_int4_speculative_decoding_of_the_zoos_smollm2_equals_plain_int4_decodin
     result = greedy_equality(smollm2_dir, DRAFT, num_prompts=6, max_new_tokens=64, weight_format="int4",
                              max_running=1, reference="target")
     assert result["all_equal"], [r for r in result["prompts"] if not r["equal"]]
-
-
-def test_loading_tunes_int4s_prompt_rows_on_this_cpu(tmp_path, monkeypatch):
-    """load_models checks int4's prompt-row GEMM after the format is applied (here every way but the
-    kernel made to fail, so the layers leave the untuned default)."""
-    from drafter_fixtures import write_tiny_model_dirs
-
-    from sglang_dspark.engine import prefill_rows
-
-    target_dir, _ = write_tiny_model_dirs(tmp_path)
-    monkeypatch.setattr(prefill_rows, "rows_agree", lambda w, mode, kernel=None: mode == "kernel")
-    target, _, _ = factory.load_models(target_dir, None, weight_format="int4")
-    layers = [m for m in target.modules() if isinstance(m, Int4Linear)]
-    assert layers and {layer.prefill_rows for layer in layers} == {"kernel"}

@@ -7,6 +7,17 @@ does not depend on their content), decodes each again with speculation off, at s
 only (a free KV slot and nobody waiting), and compares the two outputs token for token. Every
 mismatch is counted (`sglang_dspark_canary_mismatches_total`, which alerts), logged with the first
 differing position, and kept as evidence (a JSON line per replay in `evidence_dir`).
+
+Rounding is not corruption. In bfloat16 and the quantized formats a request's logits depend on
+what it was batched with (one masked attention call over the batch, oneDNN's kernel per row count),
+and logits tie often at that precision, so a replay batched with other traffic can take the other
+side of a near tie and then decode on differently: on the int4 SmolLM2, 10 of 32 replays under
+batched load did (bfloat16: 15), none in float32 (benchmarks/canary_ties.py). So at the first token that
+differs the replay's own logits say how far the original's token fell below the replay's choice,
+in units of bfloat16's resolution at that logit (its ulp: 0.125 for logits of 16-32); within
+`NEAR_TIE_ULPS` of the served format that is a near tie (counted apart,
+`sglang_dspark_canary_near_ties_total`, logged and kept as evidence, no alert), beyond it a
+mismatch. float32 allows none: its batched rows are bit-equal to a request's own.
 """
 
 from __future__ import annotations
@@ -14,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,6 +35,37 @@ from sglang_dspark.engine.request import Request
 logger = logging.getLogger(__name__)
 
 MAX_QUEUED = 64  # replays waiting for spare capacity; older ones are dropped (and counted)
+MATCH, NEAR_TIE, MISMATCH = "match", "near_tie", "mismatch"
+# how far below the replay's choice the original's token may be and still count as a near tie, in
+# bfloat16 ulps at the replay's logit, per served weight format (engine/weight_format.py); a format
+# how far below the replay's choice the original's token may be and still count as a near tie, in
+# bfloat16 ulps at the replay's logit, per served weight format (engine/weight_format.py); a format
+# not named (float32) allows none, not even an exact tie. Clean batched replays of SmolLM2 left the
+# original at 0-3 ulps (25 of 64, bfloat16 and int4); replays of an injected acceptance fault at
+# 0-2 in 7 of 64 (indistinguishable from a tie) and at 5 or more in the rest (benchmarks/canary_ties.py)
+NEAR_TIE_ULPS = {"bfloat16": 8.0, "int8": 8.0, "int4": 8.0}
+
+
+def bf16_ulp(x: float) -> float:
+    """The spacing of bfloat16 values (8 significant bits) at magnitude |x|."""
+    return 2.0 ** (math.frexp(max(abs(x), 2.0 ** -126))[1] - 8)
+
+
+def divergence_margin(tokens: list[int], logits, expected: list[int], params) -> float | None:
+    """At the first of a replay's new `tokens` (target logits `logits`, one row each) that differs
+    from the original's `expected` continuation: logit of the replay's token minus that of the
+    original's, with the request's logit_bias (what greedy sampling compared), in bfloat16 ulps at
+    the replay's logit. None while they agree; inf where the replay runs past the original's end
+    (nothing to compare with)."""
+    for j, token in enumerate(tokens):
+        if j >= len(expected):
+            return math.inf
+        if token != expected[j]:
+            bias = dict(params.logit_bias)
+            row = logits[j].float()
+            chosen = float(row[token]) + bias.get(token, 0.0)
+            return (chosen - float(row[expected[j]]) - bias.get(expected[j], 0.0)) / bf16_ulp(chosen)
+    return None
 
 
 @dataclass(frozen=True)
@@ -46,7 +89,7 @@ class Canary:
         self.share = share
         self.evidence_dir = Path(evidence_dir) if evidence_dir else None
         self.queue: deque[Replay] = deque()
-        self.replays = self.mismatches = self.dropped = 0
+        self.replays = self.mismatches = self.near_ties = self.dropped = 0
 
     def consider(self, req: Request) -> None:
         """A request finished: queue its replay when it is greedy, complete and chosen."""
@@ -66,26 +109,36 @@ class Canary:
         req.replay_of, req.no_draft, req.expected = replay.original_id, True, replay.speculative
         return req
 
-    def finished(self, req: Request) -> bool | None:
-        """A replay ended: True when it matched, False on a mismatch (logged, kept), None if aborted."""
+    def finished(self, req: Request, weight_format: str = "float32") -> str | None:
+        """A replay ended: MATCH, NEAR_TIE (it left the original at a near tie of `weight_format`'s
+        rounding), MISMATCH (logged at error, kept), or None if aborted."""
         if req.finish_reason == "abort":
             return None
         self.replays += 1
         replayed, speculative = req.output_ids, req.expected
         if replayed == speculative:
-            return True
-        self.mismatches += 1
+            return MATCH
         first = next((i for i, (a, b) in enumerate(zip(replayed, speculative)) if a != b),
                      min(len(replayed), len(speculative)))
-        logger.error("canary: request %s decoded differently without speculation from token %d on "
-                     "(%d speculative vs %d replayed tokens)", req.replay_of, first, len(speculative), len(replayed))
+        margin = math.inf if req.divergence_margin is None else req.divergence_margin
+        near_tie = weight_format in NEAR_TIE_ULPS and margin <= NEAR_TIE_ULPS[weight_format]
+        if near_tie:
+            self.near_ties += 1
+            logger.warning("canary: request %s left its replay at a near tie at token %d (the original's token %.2f "
+                           "bfloat16 ulps below the replay's, %s rounding)", req.replay_of, first, margin, weight_format)
+        else:
+            self.mismatches += 1
+            logger.error("canary: request %s decoded differently without speculation from token %d on "
+                         "(%d speculative vs %d replayed tokens; the original's token %.2f bfloat16 ulps below "
+                         "the replay's)", req.replay_of, first, len(speculative), len(replayed), margin)
         if self.evidence_dir is not None:
             self.evidence_dir.mkdir(parents=True, exist_ok=True)
             record = {"request_id": req.replay_of, "first_difference": first, "prompt_ids": req.prompt_ids,
-                      "speculative": speculative, "replayed": replayed}
+                      "speculative": speculative, "replayed": replayed, "weight_format": weight_format,
+                      "margin_ulps": None if math.isinf(margin) else round(margin, 3), "near_tie": near_tie}
             with open(self.evidence_dir / "canary_mismatches.jsonl", "a") as f:
                 f.write(json.dumps(record) + "\n")
-        return False
+        return NEAR_TIE if near_tie else MISMATCH
 
 
 def replay_params(params):

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from sglang_dspark.core.calibration import apply_sts
 from sglang_dspark.core.sps import SpsTable
-from sglang_dspark.engine.canary import Canary, Replay, replay_params
+from sglang_dspark.engine.canary import MISMATCH, NEAR_TIE, Canary, Replay, divergence_margin, replay_params
 from sglang_dspark.engine.grammar import GrammarState, constrain_ragged, constrain_rows, grammar_draft_sampler
 from sglang_dspark.engine.heap import release_freed_memory
 from sglang_dspark.engine.logprobs import token_logprobs
@@ -351,6 +351,8 @@ class Engine:
 
     def _commit(self, req: Request, tokens: list[int], logits: torch.Tensor) -> None:
         """Emit tokens whose target logits are `logits` (one row each); finish the request when it ends."""
+        if req.expected is not None and req.divergence_margin is None:
+            req.divergence_margin = divergence_margin(tokens, logits, req.expected[len(req.output_ids):], req.params)
         logprobs = token_logprobs(logits, tokens, req.params.top_logprobs) if req.params.logprobs else None
         now = self.clock()
         kept = self.output.commit(req, tokens, logprobs)
@@ -389,10 +391,12 @@ class Engine:
     def _release_replay(self, req: Request) -> None:
         self.policy.release(req.id)
         self._last_emit.pop(req.id, None)
-        matched = self.canary.finished(req)
-        if matched is not None:
+        outcome = self.canary.finished(req, self.runner.target.weight_format)
+        if outcome is not None:
             self.metrics.canary_replays.inc()
-            if not matched:
+            if outcome == NEAR_TIE:
+                self.metrics.canary_near_ties.inc()
+            elif outcome == MISMATCH:
                 self.metrics.canary_mismatches.inc()
 
     # ---- offline use and introspection ---------------------------------------------------------

@@ -14,7 +14,6 @@ from sglang_dspark.core.sps import SpsTable
 from sglang_dspark.engine.engine import Engine, EngineConfig
 from sglang_dspark.engine.heap import release_freed_memory
 from sglang_dspark.engine.one_row_gemv import tune_one_row_kernels
-from sglang_dspark.engine.prefill_rows import tune_prefill_rows
 from sglang_dspark.engine.target_model import TargetModel
 from sglang_dspark.engine.weight_format import (activation_dtype, apply_to_drafter, checkpoint_int4_grid, choose_auto,
                                                 native_bf16_flags)
@@ -93,9 +92,8 @@ def load_models(model_dir, draft_dir=None, *, draft_vocab: bool = True, tune: bo
     lm_head; with `draft_vocab` it drafts from its hot vocabulary when it ships one. Both models run
     in `weight_format` (engine/weight_format.py; `auto` is resolved here, and the choice is logged and
     kept as `target.weight_format`). With `tune`, float32's CPU weight layouts (engine/weight_layout.py)
-    and bfloat16's one-row kernel (engine/one_row_gemv.py) are timed on this host, and int4's prompt-row
-    GEMM checked (engine/prefill_rows.py; call after setting torch's thread count, which changes the
-    answers)."""
+    and bfloat16's one-row kernel (engine/one_row_gemv.py) are timed on this host (call after setting
+    torch's thread count, which changes the answers)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # directories only, never a hub
     from transformers import AutoTokenizer
 
@@ -113,7 +111,6 @@ def load_models(model_dir, draft_dir=None, *, draft_vocab: bool = True, tune: bo
     if tune and target.embed_tokens.weight.device.type == "cpu":
         tune_layouts([m for m in (target, drafter) if m is not None])
         tune_one_row_kernels([m for m in (target, drafter) if m is not None])
-        tune_prefill_rows([target])
     release_freed_memory()  # the float32 checkpoint and the timing copies, freed, not yet returned
     return target, tokenizer, drafter
 

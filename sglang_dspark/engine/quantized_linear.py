@@ -18,11 +18,16 @@ The int4 kernel is a GEMV in disguise: from a few dozen rows on, oneDNN's bfloat
 same weights is faster (2.75x at 1,024 rows on a 2-core AMD EPYC, benchmarks/int4_prefill.py),
 so an `Int4Linear` keeps its weight de-quantized in bfloat16 too (the kernel's own values: equal to
 it applied to the identity) and uses it inside `prefill_weights()`, which the engine enters for
-prompt chunks only. Decode and verify rows always go through the int4 kernel and prompt rows
-through the copy in a way that oneDNN rounds alike whatever the chunk (engine/prefill_rows.py,
-chosen per host at load), so neither depends on what shares its call (tests/test_int4_checkpoints.py
-checks it at SmolLM2's shapes). The copy costs 2 bytes per weight of resident memory, which the
-decode step never reads.
+prompt chunks only. Decode and verify rows always go through the int4 kernel, so they do not
+depend on what shares their call. Prompt rows always go through the copy, one call per chunk (a
+one-row chunk as two rows: on a 2-core AMD EPYC oneDNN's one-row path rounded down_proj rows apart
+from 2+ rows, which all agreed). On an Intel Xeon with AMX oneDNN rounded rows apart at most row
+counts below 256, so there a prompt row's bits depend on the chunk it was prefilled in, as they do
+anyway through the masked attention call a packed chunk shares. Calls of exactly 256 rows would
+avoid the first part and cost 1.15-1.55x a prompt's prefill there, with no consistent gain in how often
+a packed request's output equals its own (benchmarks/prefill_invariance.py); the canary tells such
+rounding from corruption (engine/canary.py). The copy costs 2 bytes per weight of resident memory,
+which the decode step never reads.
 """
 
 from __future__ import annotations
@@ -32,13 +37,12 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from sglang_dspark.engine.prefill_rows import bf16_rows
-
 # set by the engine around a prefill forward (per thread: the engine's own). Every prompt row then
-# takes the copy whatever its chunk's size, so a prompt's K/V do not depend on what else is prefilled
-# beside it (a short chunk pays: at 8 rows the kernel is faster, benchmarks/int4_prefill.py)
+# takes the copy whatever its chunk's size, never a mix of copy and kernel by size (a short chunk
+# pays: at 8 rows the kernel is faster, benchmarks/int4_prefill.py)
 _PREFILL = ContextVar("int4_prefill_weights", default=False)
 
 
@@ -157,16 +161,11 @@ class Int4Linear(_WeightOnlyLinear):
         grid = (q.view(q.shape[0], -1, INT4_GROUP).float() - _INT4_OFFSET) * sz[..., :1] + sz[..., 1:]
         self.register_buffer("weight_bf16", grid.view_as(q).to(torch.bfloat16), persistent=False)
 
-    # how prompt rows take the copy so that none depends on its chunk (engine/prefill_rows.py, tuned at load)
-    prefill_rows: str = "fixed"
-
     def _mm(self, rows: torch.Tensor) -> torch.Tensor:
-        if _PREFILL.get() and self.prefill_rows != "kernel":
-            return bf16_rows(rows, self.weight_bf16, self.prefill_rows)
-        return self.kernel_rows(rows)
-
-    def kernel_rows(self, rows: torch.Tensor) -> torch.Tensor:
-        """rows @ W^T through the int4 kernel (decode and verify rows)."""
+        if _PREFILL.get():
+            if rows.shape[0] == 1:  # oneDNN's one-row path rounds some rows apart from 2+ rows (down_proj's shape)
+                return F.linear(rows.expand(2, -1), self.weight_bf16)[:1]
+            return F.linear(rows, self.weight_bf16)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.weight_int4, INT4_GROUP, self.scales_and_zeros)
 
     def dequantized(self) -> torch.Tensor:

@@ -61,6 +61,9 @@ class Request:
     no_draft: bool = False  # decode without speculation (the canary's replays)
     replay_of: str | None = None  # the canary: the request this one replays
     expected: list[int] | None = None  # the canary: what the replayed request emitted
+    # the canary: at the replay's first token that differs from `expected`, how far the replay's own
+    # logit for the original's token fell below its choice (engine/canary.py, near ties)
+    divergence_margin: float | None = None
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # filled by prefill, sent once
     prompt_logprobs_sent: bool = False
     grammar: object | None = None  # engine.grammar.GrammarState of a constrained request

@@ -1,0 +1,52 @@
+"""int4's prompt rows three ways, for the benchmarks that weigh them (int4_prefill.py, prefill_invariance.py).
+
+- `one call`: what the engine does (engine/quantized_linear.py): one oneDNN bfloat16 GEMM on the
+  de-quantized copy per chunk, whatever its rows.
+- `fixed`: calls of exactly FIXED_ROWS rows, the last padded with zeros: on an Intel Xeon with AMX,
+  where oneDNN rounds a row apart at most row counts below 256, this gives a row the same bits
+  whatever its chunk (at a fixed count a row's bits did not depend on its place or neighbours).
+- `kernel`: the int4 kernel, which computes every row on its own (the decode path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+
+from sglang_dspark.engine import quantized_linear
+from sglang_dspark.engine.quantized_linear import INT4_GROUP, Int4Linear
+
+FIXED_ROWS = 256  # EngineConfig.prefill_chunk's default
+WAYS = ("one call", "fixed", "kernel")
+
+
+def kernel_rows(layer: Int4Linear, rows: torch.Tensor) -> torch.Tensor:
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, layer.weight_int4, INT4_GROUP, layer.scales_and_zeros)
+
+
+def fixed_rows(layer: Int4Linear, rows: torch.Tensor) -> torch.Tensor:
+    n = rows.shape[0]
+    pad = -n % FIXED_ROWS
+    if pad:
+        rows = torch.cat([rows, rows.new_zeros(pad, rows.shape[1])])
+    return torch.cat([F.linear(block, layer.weight_bf16) for block in rows.split(FIXED_ROWS)])[:n]
+
+
+@contextmanager
+def prefill_way(layers: list[Int4Linear], way: str) -> Iterator[None]:
+    """Inside, the layers' prompt rows (inside `prefill_weights()`) take `way`; decode rows the kernel."""
+    if way not in WAYS:
+        raise ValueError(f"way {way!r}: one of {WAYS}")
+    for layer in layers:
+        if way == "fixed":
+            layer._mm = lambda rows, l=layer: fixed_rows(l, rows) if quantized_linear._PREFILL.get() else kernel_rows(l, rows)
+        elif way == "kernel":
+            layer._mm = lambda rows, l=layer: kernel_rows(l, rows)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.__dict__.pop("_mm", None)  # back to the class's own

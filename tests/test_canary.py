@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from engine_fixtures import TickClock, run_to_completion, tiny_engine, tiny_hf_target
 
@@ -186,6 +187,15 @@ def test_the_margin_at_the_first_difference_is_in_bfloat16_ulps_of_the_replays_l
     # what greedy sampling compared: the logits plus the request's bias
     biased = SamplingParams(temperature=0.0, logit_bias=((6, 0.125),))
     assert divergence_margin([1, 2], logits, [1, 6], biased) == 1.0
+    # the original ended on an EOS where the replay went on: its best EOS is the original's token
+    assert divergence_margin([2], logits[1:], [], plain, end_ids={6, 3}) == 2.0
+    # the original's token is illegal under the replay's grammar: no tie, whatever the logits
+    legal = torch.ones(8, dtype=torch.bool)
+    legal[6] = False
+    assert divergence_margin([1, 2], logits, [1, 6], plain, legal=lambda: legal) == float("inf")
+    assert divergence_margin([1, 2], logits, [1, 6], plain, legal=lambda: torch.ones(8, dtype=torch.bool)) == 2.0
+    # the replay's own logits rank the original's token above its choice: what no rounding explains
+    assert divergence_margin([1, 6], logits, [1, 2], plain) == -2.0
 
 
 def _replayed(expected: list[int], output: list[int], margin: float | None) -> Request:
@@ -203,10 +213,51 @@ def test_a_difference_within_the_formats_rounding_is_a_near_tie_and_beyond_it_a_
     assert canary.finished(_replayed([1, 2, 3], [1, 4, 3], allowed + 0.5), "int4") == MISMATCH
     assert canary.finished(_replayed([1, 2, 3], [1, 4, 3], 0.0), "float32") == MISMATCH  # float32: not even a tie
     assert canary.finished(_replayed([1, 2], [1, 2, 3], None), "int4") == MISMATCH  # no margin to judge by
-    assert (canary.replays, canary.near_ties, canary.mismatches) == (5, 1, 3)
+    assert canary.finished(_replayed([1, 2, 3], [1, 4, 3], -1.0), "int4") == MISMATCH  # below zero: no rounding
+    assert (canary.replays, canary.near_ties, canary.mismatches) == (6, 1, 4)
     evidence = [json.loads(line) for line in (tmp_path / "canary_mismatches.jsonl").read_text().splitlines()]
     assert [(e["near_tie"], e["margin_ulps"], e["weight_format"]) for e in evidence] == [
-        (True, allowed, "int4"), (False, allowed + 0.5, "int4"), (False, 0.0, "float32"), (False, None, "int4")]
+        (True, allowed, "int4"), (False, allowed + 0.5, "int4"), (False, 0.0, "float32"), (False, None, "int4"),
+        (False, -1.0, "int4")]
+
+
+def test_a_replay_knows_the_original_ended_on_eos():
+    canary = Canary(1.0)
+    for ended in (True, False):
+        original = Request("req-1", [5, 6], SamplingParams(temperature=0.0), lambda out: None, None, arrival=0.0)
+        original.tokens += [7, 8]
+        original.finish_reason, original.ended_on_eos = "stop", ended
+        canary.consider(original)
+        replay = canary.next_request(lambda r: Request("canary-1", r.prompt_ids, r.params, lambda out: None, None,
+                                                       arrival=0.0))
+        assert replay.expected == [7, 8] and replay.expected_eos is ended
+
+
+def test_the_engines_margin_is_the_replays_own_logits_at_the_first_difference(tmp_path, monkeypatch):
+    """The broken verification again, in float32 (batched rows equal a request's own): each kept
+    margin equals the one recomputed from the target's logits at the replay's first difference."""
+    real = engine_module.verify_step
+
+    def broken(batch, drafts, draft_probs, logits, lens, shared):
+        num_acc, nxt = real(batch, drafts, draft_probs, logits, lens, shared)
+        wrong = num_acc < lens
+        nxt[wrong] = drafts[wrong, num_acc[wrong]]
+        return num_acc, nxt
+
+    monkeypatch.setattr(engine_module, "verify_step", broken)
+    hf = tiny_hf_target()
+    engine = tiny_engine("full", hf=hf, max_running=4, canary_share=1.0, canary_dir=str(tmp_path))
+    run_to_completion(engine, _prompts(4), [SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)] * 4)
+    _drain(engine)
+    plain = tiny_engine("target", hf=hf, max_running=1)
+    evidence = [json.loads(line) for line in (tmp_path / "canary_mismatches.jsonl").read_text().splitlines()]
+    assert evidence
+    for e in evidence:
+        i = e["first_difference"]
+        row = plain.runner.prefill([(0, 0, e["prompt_ids"] + e["replayed"][:i])])[0].float()
+        replayed, original = float(row[e["replayed"][i]]), float(row[e["speculative"][i]])
+        assert e["margin_ulps"] == pytest.approx((replayed - original) / bf16_ulp(replayed), abs=0.01)
+
 
 
 def test_the_engine_judges_a_replay_by_its_served_format_and_counts_near_ties_apart(monkeypatch):
@@ -223,7 +274,7 @@ def test_the_engine_judges_a_replay_by_its_served_format_and_counts_near_ties_ap
     monkeypatch.setattr(engine_module, "verify_step", broken)
     greedy = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     for margin, near in ((NEAR_TIE_ULPS["int4"], True), (NEAR_TIE_ULPS["int4"] * 2, False)):
-        monkeypatch.setattr(engine_module, "divergence_margin", lambda *a, m=margin: m)
+        monkeypatch.setattr(engine_module, "divergence_margin", lambda *a, m=margin, **kw: m)
         engine = tiny_engine("full", hf=tiny_hf_target(), max_running=4, canary_share=1.0)
         engine.runner.target.weight_format = "int4"
         run_to_completion(engine, _prompts(4), [greedy] * 4)

@@ -11,7 +11,7 @@ differing position, and kept as evidence (a JSON line per replay in `evidence_di
 Rounding is not corruption. In bfloat16 and the quantized formats a request's logits depend on
 what it was batched with (one masked attention call over the batch, oneDNN's kernel per row count),
 and logits tie often at that precision, so a replay batched with other traffic can take the other
-side of a near tie and then decode on differently: on the int4 SmolLM2, 10 of 32 replays under
+side of a near tie and then decode on differently: on the int4 SmolLM2, 7 of 32 replays under
 batched load did (bfloat16: 15), none in float32 (benchmarks/canary_ties.py). So at the first token that
 differs the replay's own logits say how far the original's token fell below the replay's choice,
 in units of bfloat16's resolution at that logit (its ulp: 0.125 for logits of 16-32); within
@@ -27,8 +27,11 @@ import json
 import logging
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+import torch
 
 from sglang_dspark.engine.request import Request
 
@@ -38,12 +41,10 @@ MAX_QUEUED = 64  # replays waiting for spare capacity; older ones are dropped (a
 MATCH, NEAR_TIE, MISMATCH = "match", "near_tie", "mismatch"
 # how far below the replay's choice the original's token may be and still count as a near tie, in
 # bfloat16 ulps at the replay's logit, per served weight format (engine/weight_format.py); a format
-# how far below the replay's choice the original's token may be and still count as a near tie, in
-# bfloat16 ulps at the replay's logit, per served weight format (engine/weight_format.py); a format
 # not named (float32) allows none, not even an exact tie. Clean batched replays of SmolLM2 left the
-# original at 0-3 ulps (25 of 64, bfloat16 and int4); replays of an injected acceptance fault at
-# 0-2 in 7 of 64 (indistinguishable from a tie) and at 5 or more in the rest (benchmarks/canary_ties.py)
-NEAR_TIE_ULPS = {"bfloat16": 8.0, "int8": 8.0, "int4": 8.0}
+# original at 0-3 ulps (22 of 64, bfloat16 and int4); replays of an injected acceptance fault at
+# 0-1 in 5 of 64 (indistinguishable from a tie) and at 5 or more in the rest (benchmarks/canary_ties.py)
+NEAR_TIE_ULPS = {"bfloat16": 4.0, "int8": 4.0, "int4": 4.0}
 
 
 def bf16_ulp(x: float) -> float:
@@ -51,20 +52,32 @@ def bf16_ulp(x: float) -> float:
     return 2.0 ** (math.frexp(max(abs(x), 2.0 ** -126))[1] - 8)
 
 
-def divergence_margin(tokens: list[int], logits, expected: list[int], params) -> float | None:
+def divergence_margin(tokens: list[int], logits, expected: list[int], params, *, end_ids=(),
+                      legal: Callable[[], torch.Tensor] | None = None) -> float | None:
     """At the first of a replay's new `tokens` (target logits `logits`, one row each) that differs
     from the original's `expected` continuation: logit of the replay's token minus that of the
     original's, with the request's logit_bias (what greedy sampling compared), in bfloat16 ulps at
-    the replay's logit. None while they agree; inf where the replay runs past the original's end
-    (nothing to compare with)."""
+    the replay's logit. Past the original's end the original's token was an EOS of `end_ids` (the
+    best of them; none given: the original ended otherwise, inf). inf where the original's token is
+    not legal under the replay's grammar now (`legal()`: its mask; the replay commits one token a
+    step, so the mask is the one before it). None while they agree. A negative margin (the original
+    took a token the replay's own logits rank higher than its choice) cannot be rounding."""
+    bias = dict(params.logit_bias)
     for j, token in enumerate(tokens):
-        if j >= len(expected):
+        if j < len(expected) and token == expected[j]:
+            continue
+        row = logits[j].float()
+        chosen = float(row[token]) + bias.get(token, 0.0)
+        if j < len(expected):
+            mask = None if legal is None else legal()
+            if mask is not None and (expected[j] >= mask.shape[0] or not bool(mask[expected[j]])):
+                return math.inf
+            original = float(row[expected[j]]) + bias.get(expected[j], 0.0)
+        elif end_ids:
+            original = max(float(row[e]) + bias.get(e, 0.0) for e in end_ids if e < row.shape[0])
+        else:
             return math.inf
-        if token != expected[j]:
-            bias = dict(params.logit_bias)
-            row = logits[j].float()
-            chosen = float(row[token]) + bias.get(token, 0.0)
-            return (chosen - float(row[expected[j]]) - bias.get(expected[j], 0.0)) / bf16_ulp(chosen)
+        return (chosen - original) / bf16_ulp(chosen)
     return None
 
 
@@ -74,6 +87,7 @@ class Replay:
     prompt_ids: list[int]
     params: object  # SamplingParams of the original request
     speculative: list[int]  # what the original emitted
+    ended_on_eos: bool = False  # ... and then an EOS token, which `speculative` leaves out
 
 
 def chosen(request_id: str, share: float) -> bool:
@@ -98,7 +112,7 @@ class Canary:
             if len(self.queue) == MAX_QUEUED:
                 self.queue.popleft()
                 self.dropped += 1
-            self.queue.append(Replay(req.id, list(req.prompt_ids), req.params, list(req.output_ids)))
+            self.queue.append(Replay(req.id, list(req.prompt_ids), req.params, list(req.output_ids), req.ended_on_eos))
 
     def next_request(self, make_request) -> Request | None:
         """The next replay as a request without speculation (`make_request(replay)` builds it)."""
@@ -107,6 +121,7 @@ class Canary:
         replay = self.queue.popleft()
         req = make_request(replay)
         req.replay_of, req.no_draft, req.expected = replay.original_id, True, replay.speculative
+        req.expected_eos = replay.ended_on_eos
         return req
 
     def finished(self, req: Request, weight_format: str = "float32") -> str | None:
@@ -121,7 +136,7 @@ class Canary:
         first = next((i for i, (a, b) in enumerate(zip(replayed, speculative)) if a != b),
                      min(len(replayed), len(speculative)))
         margin = math.inf if req.divergence_margin is None else req.divergence_margin
-        near_tie = weight_format in NEAR_TIE_ULPS and margin <= NEAR_TIE_ULPS[weight_format]
+        near_tie = weight_format in NEAR_TIE_ULPS and 0.0 <= margin <= NEAR_TIE_ULPS[weight_format]
         if near_tie:
             self.near_ties += 1
             logger.warning("canary: request %s left its replay at a near tie at token %d (the original's token %.2f "

@@ -352,7 +352,10 @@ class Engine:
     def _commit(self, req: Request, tokens: list[int], logits: torch.Tensor) -> None:
         """Emit tokens whose target logits are `logits` (one row each); finish the request when it ends."""
         if req.expected is not None and req.divergence_margin is None:
-            req.divergence_margin = divergence_margin(tokens, logits, req.expected[len(req.output_ids):], req.params)
+            req.divergence_margin = divergence_margin(
+                tokens, logits, req.expected[len(req.output_ids):], req.params,
+                end_ids=self.output.eos_ids if req.expected_eos else (),
+                legal=None if req.grammar is None else req.grammar.mask)
         logprobs = token_logprobs(logits, tokens, req.params.top_logprobs) if req.params.logprobs else None
         now = self.clock()
         kept = self.output.commit(req, tokens, logprobs)

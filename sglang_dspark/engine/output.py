@@ -18,7 +18,7 @@ class OutputProcessor:
         reason, kept = None, []
         for token in tokens:
             if token in self.eos_ids and not req.params.ignore_eos:
-                reason = "stop"
+                reason, req.ended_on_eos = "stop", True  # EOS is not kept: the canary needs to know
                 break
             kept.append(token)
             if len(req.output_ids) + len(kept) >= req.params.max_tokens:

@@ -64,6 +64,8 @@ class Request:
     # the canary: at the replay's first token that differs from `expected`, how far the replay's own
     # logit for the original's token fell below its choice (engine/canary.py, near ties)
     divergence_margin: float | None = None
+    ended_on_eos: bool = False  # finished by an EOS token (which output_ids leave out)
+    expected_eos: bool = False  # the canary: the replayed request ended on EOS after `expected`
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # filled by prefill, sent once
     prompt_logprobs_sent: bool = False
     grammar: object | None = None  # engine.grammar.GrammarState of a constrained request

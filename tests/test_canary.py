@@ -233,18 +233,21 @@ def test_a_replay_knows_the_original_ended_on_eos():
         assert replay.expected == [7, 8] and replay.expected_eos is ended
 
 
-def test_the_engines_margin_is_the_replays_own_logits_at_the_first_difference(tmp_path, monkeypatch):
-    """The broken verification again, in float32 (batched rows equal a request's own): each kept
-    margin equals the one recomputed from the target's logits at the replay's first difference."""
-    real = engine_module.verify_step
-
+def _every_rejected_draft_slips_through(real):
+    """A verifier that emits the first rejected draft of every row as if it were right."""
     def broken(batch, drafts, draft_probs, logits, lens, shared):
         num_acc, nxt = real(batch, drafts, draft_probs, logits, lens, shared)
         wrong = num_acc < lens
         nxt[wrong] = drafts[wrong, num_acc[wrong]]
         return num_acc, nxt
 
-    monkeypatch.setattr(engine_module, "verify_step", broken)
+    return broken
+
+
+def test_the_engines_margin_is_the_replays_own_logits_at_the_first_difference(tmp_path, monkeypatch):
+    """The broken verification again, in float32 (batched rows equal a request's own): each kept
+    margin equals the one recomputed from the target's logits at the replay's first difference."""
+    monkeypatch.setattr(engine_module, "verify_step", _every_rejected_draft_slips_through(engine_module.verify_step))
     hf = tiny_hf_target()
     engine = tiny_engine("full", hf=hf, max_running=4, canary_share=1.0, canary_dir=str(tmp_path))
     run_to_completion(engine, _prompts(4), [SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)] * 4)
@@ -259,19 +262,10 @@ def test_the_engines_margin_is_the_replays_own_logits_at_the_first_difference(tm
         assert e["margin_ulps"] == pytest.approx((replayed - original) / bf16_ulp(replayed), abs=0.01)
 
 
-
 def test_the_engine_judges_a_replay_by_its_served_format_and_counts_near_ties_apart(monkeypatch):
     """The broken verification of the test above, the margin fixed (the engine's own is tested
     above): within the int4 allowance a near tie, not a mismatch; beyond it a mismatch."""
-    real = engine_module.verify_step
-
-    def broken(batch, drafts, draft_probs, logits, lens, shared):
-        num_acc, nxt = real(batch, drafts, draft_probs, logits, lens, shared)
-        wrong = num_acc < lens
-        nxt[wrong] = drafts[wrong, num_acc[wrong]]
-        return num_acc, nxt
-
-    monkeypatch.setattr(engine_module, "verify_step", broken)
+    monkeypatch.setattr(engine_module, "verify_step", _every_rejected_draft_slips_through(engine_module.verify_step))
     greedy = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     for margin, near in ((NEAR_TIE_ULPS["int4"], True), (NEAR_TIE_ULPS["int4"] * 2, False)):
         monkeypatch.setattr(engine_module, "divergence_margin", lambda *a, m=margin, **kw: m)

@@ -17,14 +17,16 @@ import torch
 import torch.nn.functional as F
 
 from sglang_dspark.engine import quantized_linear
-from sglang_dspark.engine.quantized_linear import INT4_GROUP, Int4Linear
+from sglang_dspark.engine.quantized_linear import Int4Linear
 
 FIXED_ROWS = 256  # EngineConfig.prefill_chunk's default
 WAYS = ("one call", "fixed", "kernel")
 
 
 def kernel_rows(layer: Int4Linear, rows: torch.Tensor) -> torch.Tensor:
-    return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, layer.weight_int4, INT4_GROUP, layer.scales_and_zeros)
+    """The layer's own path outside a prefill: the int4 kernel."""
+    with quantized_linear.prefill_weights(False):
+        return Int4Linear._mm(layer, rows)
 
 
 def fixed_rows(layer: Int4Linear, rows: torch.Tensor) -> torch.Tensor:
@@ -42,7 +44,7 @@ def prefill_way(layers: list[Int4Linear], way: str) -> Iterator[None]:
         raise ValueError(f"way {way!r}: one of {WAYS}")
     for layer in layers:
         if way == "fixed":
-            layer._mm = lambda rows, l=layer: fixed_rows(l, rows) if quantized_linear._PREFILL.get() else kernel_rows(l, rows)
+            layer._mm = lambda rows, l=layer: fixed_rows(l, rows) if quantized_linear._PREFILL.get() else Int4Linear._mm(l, rows)
         elif way == "kernel":
             layer._mm = lambda rows, l=layer: kernel_rows(l, rows)
     try:

@@ -23,6 +23,11 @@ def _prompts(n: int) -> list[list[int]]:
     return [torch.randint(4, 40, (5,), generator=g).tolist() for _ in range(n)]
 
 
+def _evidence(directory) -> list[dict]:
+    """The canary's evidence records in `directory`, one per replay that differed."""
+    return [json.loads(line) for line in (directory / "canary_mismatches.jsonl").read_text().splitlines()]
+
+
 def _drain(engine, steps: int = 2000) -> None:
     """Step until the canary's queue is empty and nothing runs (replays are not user requests)."""
     for _ in range(steps):
@@ -68,7 +73,7 @@ def test_a_broken_verification_is_caught(tmp_path, monkeypatch):
     _drain(engine)
     assert engine.canary.mismatches > 0 and engine.canary.replays == 8
     assert f"sglang_dspark_canary_mismatches_total {float(engine.canary.mismatches)}" in engine.metrics.render().decode()
-    evidence = [json.loads(line) for line in (tmp_path / "canary_mismatches.jsonl").read_text().splitlines()]
+    evidence = _evidence(tmp_path)
     assert len(evidence) == engine.canary.mismatches
     first = evidence[0]
     assert first["speculative"][: first["first_difference"]] == first["replayed"][: first["first_difference"]]
@@ -215,7 +220,7 @@ def test_a_difference_within_the_formats_rounding_is_a_near_tie_and_beyond_it_a_
     assert canary.finished(_replayed([1, 2], [1, 2, 3], None), "int4") == MISMATCH  # no margin to judge by
     assert canary.finished(_replayed([1, 2, 3], [1, 4, 3], -1.0), "int4") == MISMATCH  # below zero: no rounding
     assert (canary.replays, canary.near_ties, canary.mismatches) == (6, 1, 4)
-    evidence = [json.loads(line) for line in (tmp_path / "canary_mismatches.jsonl").read_text().splitlines()]
+    evidence = _evidence(tmp_path)
     assert [(e["near_tie"], e["margin_ulps"], e["weight_format"]) for e in evidence] == [
         (True, allowed, "int4"), (False, allowed + 0.5, "int4"), (False, 0.0, "float32"), (False, None, "int4"),
         (False, -1.0, "int4")]
@@ -253,7 +258,7 @@ def test_the_engines_margin_is_the_replays_own_logits_at_the_first_difference(tm
     run_to_completion(engine, _prompts(4), [SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)] * 4)
     _drain(engine)
     plain = tiny_engine("target", hf=hf, max_running=1)
-    evidence = [json.loads(line) for line in (tmp_path / "canary_mismatches.jsonl").read_text().splitlines()]
+    evidence = _evidence(tmp_path)
     assert evidence
     for e in evidence:
         i = e["first_difference"]

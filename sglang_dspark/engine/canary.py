@@ -62,12 +62,11 @@ def divergence_margin(tokens: list[int], logits, expected: list[int], params, *,
     not legal under the replay's grammar now (`legal()`: its mask; the replay commits one token a
     step, so the mask is the one before it). None while they agree. A negative margin (the original
     took a token the replay's own logits rank higher than its choice) cannot be rounding."""
-    bias = dict(params.logit_bias)
     for j, token in enumerate(tokens):
         if j < len(expected) and token == expected[j]:
             continue
-        row = logits[j].float()
-        chosen = float(row[token]) + bias.get(token, 0.0)
+        bias, row = dict(params.logit_bias), logits[j].float()  # only at the first difference
+        picked = float(row[token]) + bias.get(token, 0.0)
         if j < len(expected):
             mask = None if legal is None else legal()
             if mask is not None and (expected[j] >= mask.shape[0] or not bool(mask[expected[j]])):
@@ -77,7 +76,7 @@ def divergence_margin(tokens: list[int], logits, expected: list[int], params, *,
             original = max(float(row[e]) + bias.get(e, 0.0) for e in end_ids if e < row.shape[0])
         else:
             return math.inf
-        return (chosen - original) / bf16_ulp(chosen)
+        return (picked - original) / bf16_ulp(picked)
     return None
 
 

@@ -4,6 +4,7 @@ one run of a request set through the engine on its thread."""
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,12 +53,19 @@ def heldout_prompts(tokenizer, count: int) -> list[list[int]]:
 def load_pair(model: str, draft: str, weight_format: str = "auto"):
     """(TargetModel, tokenizer, drafter) for a target directory or zoo name and a drafter directory
     in `weight_format`: the engine factory's loader, so benchmarks run exactly what the server runs
-    (the format chosen is `target.weight_format`)."""
+    (the format chosen is `target.weight_format`); `int4+aten` / `int8+aten`: without the CPU row kernels."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import contextlib
+
     from sglang_dspark import zoo
     from sglang_dspark.engine.factory import load_models
+    from sglang_dspark.kernels import cpu_rows
 
-    return load_models(zoo.resolve_model(model), draft, weight_format=weight_format)
+    if weight_format != "auto" and not format_name_ok(weight_format):
+        raise SystemExit(f"{weight_format!r}: not a weight format (int8+aten / int4+aten for aten's kernels)")
+    fmt, _, kernels = weight_format.partition("+")
+    with cpu_rows.disabled() if kernels else contextlib.nullcontext():
+        return load_models(zoo.resolve_model(model), draft, weight_format=fmt)
 
 
 @dataclass
@@ -106,6 +114,44 @@ def serve_all(engine, prompts: list[list[int]], params, timeout_s: float = 3600)
         raise RuntimeError(f"{state['left']} requests unfinished after {timeout_s} s")
     wall = time.perf_counter() - start
     return Run(wall, arrivals, state["tokens"], engine.records.since(first))
+
+
+def timed(fns: dict, reps: int, warmup: int = 2) -> dict:
+    """{key: median ms} of calling every fn in `fns` `reps` times, interleaved call by call (so load
+    from other processes hits all alike), after `warmup` untimed rounds."""
+    times = {k: [] for k in fns}
+    for i in range(warmup + reps):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            if i >= warmup:
+                times[k].append((time.perf_counter() - t0) * 1e3)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+
+
+def format_name_ok(name: str) -> bool:
+    """A weight format, or int8 / int4 with `+aten` (aten's kernels, as where the row kernels do not run)."""
+    from sglang_dspark.engine.format_names import WEIGHT_FORMATS
+
+    fmt, plus, kernels = name.partition("+")
+    return fmt in WEIGHT_FORMATS and (not plus or (kernels == "aten" and fmt in ("int8", "int4")))
+
+
+def load_target_format(path, name: str):
+    """TargetModel of `path` in format `name` (see format_name_ok); `+aten` builds it under
+    cpu_rows.disabled(): aten's int8 / int4 kernels and SDPA's attention."""
+    import contextlib
+
+    from sglang_dspark.engine.target_model import TargetModel
+    from sglang_dspark.kernels import cpu_rows
+
+    if not format_name_ok(name):
+        raise SystemExit(f"{name!r}: not a weight format (int8+aten / int4+aten for aten's kernels)")
+    fmt, _, kernels = name.partition("+")
+    with cpu_rows.disabled() if kernels else contextlib.nullcontext():
+        return TargetModel.from_pretrained(str(path), weight_format=fmt)
 
 
 def write_result(path, result: dict) -> None:

@@ -49,14 +49,15 @@ def table_for(fmt: str, args):
     from sglang_dspark.profile.resolve import resolve_profile
 
     candidates = [resolve_profile(path, engine="reference", model=zoo.resolve_model(args.model), draft=args.draft,
-                                  seed_ok=True, weight_format=fmt) for path in args.profile.split(",") if path]
+                                  seed_ok=True, weight_format=fmt.partition("+")[0]) for path in args.profile.split(",") if path]
     return next((c for c in candidates if not c.seed_only), candidates[0])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_args(parser, "decode_speed_formats")
-    parser.add_argument("--formats", default="float32,bfloat16", help="weight formats; the first is the baseline")
+    parser.add_argument("--formats", default="float32,bfloat16",
+                        help="weight formats; the first is the baseline (int4+aten, int8+aten: without the CPU row kernels)")
     parser.add_argument("--concurrency", default="1,4,16", help="comma-separated concurrency levels")
     parser.add_argument("--arms", default="target,default", help="of decode_speed's arms (target first)")
     parser.add_argument("--max-tokens", type=int, default=96, help="completion tokens per request")

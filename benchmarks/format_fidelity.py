@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from common import ROOT
+from common import ROOT, format_name_ok, load_target_format
 
 from sglang_dspark import zoo
 from sglang_dspark.engine.format_names import WEIGHT_FORMATS
@@ -67,12 +67,13 @@ def main() -> int:
     p.add_argument("--prompts", type=int, default=20, help="held-out chat prompts (builtin:heldout, evenly spaced)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="length of float32's greedy response")
     p.add_argument("--formats", default="bfloat16,int8,int4",
-                   help=f"comma-separated formats compared with float32 (of {', '.join(WEIGHT_FORMATS)})")
+                   help=f"comma-separated formats compared with float32 (of {', '.join(WEIGHT_FORMATS)}; int8+aten, int4+aten: "
+                        "aten's kernels instead of the engine's CPU row kernels)")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     p.add_argument("--out", default=str(ROOT / "benchmarks/results/format_fidelity.json"), help="JSON output path")
     args = p.parse_args()
     formats = [f for f in args.formats.split(",") if f]
-    bad = [f for f in formats if f not in WEIGHT_FORMATS or f == "float32"]
+    bad = [f for f in formats if not format_name_ok(f) or f == "float32"]
     if bad or args.prompts < 1 or args.max_new_tokens < 1:
         p.error(f"--formats: expected formats other than float32 from {WEIGHT_FORMATS}, got {bad}" if bad
                 else "--prompts and --max-new-tokens must be >= 1")
@@ -93,7 +94,7 @@ def main() -> int:
 
     rows = {}
     for fmt in formats:
-        model = TargetModel.from_pretrained(str(target_dir), weight_format=fmt)
+        model = load_target_format(target_dir, fmt)
         kl, top1, first_diff = [], [], []
         for ids, resp, lp in tqdm(list(zip(prompts, responses, ref_lp)), desc=fmt, file=sys.stderr):
             if not resp:

@@ -20,7 +20,8 @@ import time
 
 from common import add_common_args, heldout_prompts
 
-GEMM_OPS = ("aten::mm", "aten::addmm", "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm_for_cpu", "aten::bmm")
+GEMM_OPS = ("aten::mm", "aten::addmm", "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm_for_cpu", "aten::bmm",
+            "dspark_cpu_rows::q4_rows_mm", "dspark_cpu_rows::q8_rows_mm")
 WARMUP_STEPS = 4
 DRAFT_RANGE = "dspark::draft"
 

@@ -10,6 +10,9 @@ other processes hits all alike; medians of `--reps`.
 
     python benchmarks/target_forward.py [--formats float32,bfloat16,int8,int4] [--reps 9] [--threads 2]
 
+A format named with `+aten` (`int4+aten`) is built without the engine's CPU row kernels
+(kernels/cpu_rows.py): aten's int4 kernel and one SDPA call per row, as where those do not run.
+
 Writes benchmarks/results/target_forward.json and .png (step ms against B, one line per format and R).
 """
 
@@ -18,15 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
-from common import ROOT
+from common import ROOT, load_target_format, timed
 
 from sglang_dspark.engine.format_names import WEIGHT_FORMATS
 
@@ -58,17 +59,6 @@ def gemm_fn(model, rows: int):
     return run
 
 
-def timed(fns: dict, reps: int, warmup: int = 2) -> dict:
-    times = {k: [] for k in fns}
-    for i in range(warmup + reps):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            if i >= warmup:
-                times[k].append((time.perf_counter() - t0) * 1e3)
-    return {k: statistics.median(v) for k, v in times.items()}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct", help="target directory or zoo name")
@@ -80,13 +70,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from sglang_dspark import zoo
     from sglang_dspark.engine.one_row_gemv import tune_one_row_kernels
-    from sglang_dspark.engine.target_model import TargetModel
     from sglang_dspark.engine.weight_layout import tune_layouts
     from sglang_dspark.profile.fingerprint import hardware_id
 
     path = zoo.resolve_model(args.model)
     formats = [f for f in args.formats.split(",") if f]
-    models = {fmt: TargetModel.from_pretrained(path, weight_format=fmt) for fmt in formats}
+    models = {fmt: load_target_format(path, fmt) for fmt in formats}
     for model in models.values():  # the kernels the engine's loader times on this host (engine/factory.py)
         tune_layouts([model])
         tune_one_row_kernels([model])

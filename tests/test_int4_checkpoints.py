@@ -14,6 +14,7 @@ from sglang_dspark.engine import factory, quantized_linear
 from sglang_dspark.engine.quantized_linear import Int4Linear, int4_grid_share, prefill_weights
 from sglang_dspark.engine.target_model import TargetModel
 from sglang_dspark.engine.weight_format import checkpoint_int4_grid
+from sglang_dspark.kernels import cpu_rows
 from tests.engine_fixtures import VOCAB, ToyTokenizer, run_to_completion, tiny_drafter_for, tiny_hf_target
 from tests.test_weight_format import _q4_1_weight
 
@@ -65,27 +66,47 @@ def test_auto_serves_a_4bit_checkpoint_in_int4_and_a_float_one_in_bfloat16(tmp_p
     assert factory.resolve_weight_format("auto", grid)[0] in ("float32", "bfloat16")
 
 
-def test_int4s_prefill_copy_is_the_kernels_own_weight_used_only_inside_a_prefill():
+def _decode_kernel(layer: Int4Linear, x: torch.Tensor) -> torch.Tensor:
+    """The layer's decode path called directly, by the kernel it took."""
+    if layer.kernel == "q4_rows_mm":
+        return torch.ops.dspark_cpu_rows.q4_rows_mm(x, layer.weight_q4, layer.scale_min)
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(x, layer.weight_int4, 32, layer.scales_and_zeros)
+
+
+@pytest.mark.parametrize("kernel", ["q4_rows_mm", "aten"])
+def test_int4s_prefill_copy_is_the_kernels_own_weight_used_only_inside_a_prefill(kernel, monkeypatch):
+    if kernel == "aten":  # where the engine's row kernels do not run (kernels/cpu_rows.py)
+        monkeypatch.setattr(quantized_linear.cpu_rows, "ops", lambda: None)
+    elif cpu_rows.ops() is None:
+        pytest.skip(f"the row kernels do not run here: {cpu_rows.status()}")
     w, _ = _q4_1_weight(48, 64)
     linear = nn.Linear(64, 48, bias=True)
     with torch.no_grad():
         linear.weight.copy_(w)
     layer = Int4Linear(linear)
-    assert torch.equal(layer.weight_bf16, layer.dequantized())  # the kernel through the identity
+    assert layer.kernel == ("q4_rows_mm" if kernel == "q4_rows_mm" else "aten._weight_int4pack_mm_for_cpu")
+    assert torch.equal(layer.weight_bf16, layer.dequantized())
+    if kernel == "aten":  # the copy is aten's kernel through the identity
+        eye = torch.eye(64, dtype=torch.bfloat16)
+        assert torch.equal(layer.weight_bf16, _decode_kernel(layer, eye).T)
+    else:  # the copy is the GGUF's grid from the float16 scale and minimum the kernel reads
+        q, scale, lo = quantized_linear.int4_groups(w)
+        grid = q.view(48, 2, 32).float() * scale.half().float()[..., None] + lo.half().float()[..., None]
+        assert torch.equal(layer.weight_bf16, grid.view(48, 64).bfloat16())
     assert "weight_bf16" not in layer.state_dict()  # derived at load, never saved
     x = torch.randn(40, 64).bfloat16()
-    kernel = torch.ops.aten._weight_int4pack_mm_for_cpu(x, layer.weight_int4, 32, layer.scales_and_zeros) + layer.bias
+    decode = _decode_kernel(layer, x) + layer.bias
     dense = F.linear(x, layer.weight_bf16) + layer.bias
-    assert not torch.equal(kernel, dense)  # the two paths round differently, so the test can tell them apart
-    assert torch.equal(layer(x), kernel)  # outside a prefill: the kernel, whatever the row count
+    assert not torch.equal(decode, dense)  # the two paths round differently, so the test can tell them apart
+    assert torch.equal(layer(x), decode)  # outside a prefill: the kernel, whatever the row count
     with prefill_weights():
         assert torch.equal(layer(x), dense)
         # every prompt row takes the copy whatever its chunk's size: a short chunk too
         assert torch.equal(layer(x[:3]), F.linear(x[:3], layer.weight_bf16) + layer.bias)
         with prefill_weights(False):
-            assert torch.equal(layer(x), kernel)
+            assert torch.equal(layer(x), decode)
         assert torch.equal(layer(x), dense)
-    assert torch.equal(layer(x), kernel)
+    assert torch.equal(layer(x), decode)
 
 
 def _int4_calls(target: TargetModel) -> list[tuple[bool, int]]:

@@ -18,6 +18,7 @@ from sglang_dspark.engine.target_model import TargetModel
 from sglang_dspark.engine.weight_format import (activation_dtype, apply_to_drafter, checkpoint_int4_grid, choose_auto,
                                                 native_bf16_flags)
 from sglang_dspark.engine.weight_layout import tune_layouts
+from sglang_dspark.kernels import cpu_rows
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +103,10 @@ def load_models(model_dir, draft_dir=None, *, draft_vocab: bool = True, tune: bo
     weight_format, why = resolve_weight_format(weight_format, model_dir)
     logger.info("weight format %s (%s)", weight_format, why)
     target = TargetModel.from_pretrained(str(model_dir), weight_format=weight_format)
+    if weight_format in ("int8", "int4"):
+        kernels = sorted({m.kernel for m in target.modules() if hasattr(m, "kernel")})
+        logger.info("%s decode and verify rows: %s; norms, RoPE, attention: %s (%s)", weight_format, ", ".join(kernels),
+                    "the row kernels" if target.row_kernels is not None else "torch's ops, SDPA", cpu_rows.status())
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     drafter = None
     if draft_dir is not None:

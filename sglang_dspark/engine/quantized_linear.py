@@ -1,33 +1,41 @@
-"""Weight-only quantized Linear layers for the CPU reference engine (bfloat16 activations).
+"""Quantized Linear layers for the CPU reference engine (bfloat16 activations in and out).
 
-- `Int8Linear`: int8 weights, one scale per output row (symmetric, round to nearest), through
-  `aten._weight_int8pack_mm`.
+- `Int8Linear`: int8 weights, one scale per output row (symmetric, round to nearest).
 - `Int4Linear`: 4-bit weights in groups of 32 along the input, each group with its own scale and
-  minimum: GGUF's Q4_1 block, through `aten._weight_int4pack_mm_for_cpu`. A checkpoint converted
-  from a Q4_1 GGUF (the zoo's SmolLM2) holds exactly d * q + m per block, with q = 0 at the block's
-  minimum and q = 15 at its maximum, so min-max quantization recovers the GGUF's own integers; the
-  kernel takes each group's scale and zero point (minimum + 8 scales, about the group's middle) in
-  bfloat16, its dtype, so those two are rounded (a group far from zero relative to its range loses
+  minimum: GGUF's Q4_1 block. A checkpoint converted from a Q4_1 GGUF (the zoo's SmolLM2) holds
+  exactly d * q + m per block, with q = 0 at the block's minimum and q = 15 at its maximum, so
+  min-max quantization recovers the GGUF's own integers.
+
+Two kernel paths, chosen per layer at construction (`kernel` names it):
+- The engine's own (kernels/cpu_rows.py), where the CPU has AVX-512 BF16 + VNNI: the rows are
+  quantized to int8 per block of 32 (llama.cpp's Q8_1) and multiplied by VNNI integer dot
+  products, the weights streaming from memory once per call whatever the row count; int4 keeps the
+  scale and minimum in float16, as the GGUF does. This is llama.cpp's CPU arithmetic for Q4_1 and
+  Q8_0 weights. On a 2-core Intel Xeon with AMX, SmolLM2's 120 decoder Linear layers took 4.6 ms at
+  1 row and 6.7 at 8 against aten's int4 kernel's 6.1 and 12.9 (benchmarks/cpu_rows.py).
+- aten's weight-only kernels elsewhere (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`),
+  bfloat16 rows; aten's int4 kernel takes each group's scale and zero point (minimum + 8 scales)
+  in bfloat16, so those two are rounded (a group far from zero relative to its range loses
   resolution: 100 + U(0, 0.01) comes back as 100.0; weights sit around zero).
 
-Both kernels compute each row of x on its own: a row's output does not depend on how many rows it
-shares a call with (tests/test_weight_format.py checks it on this CPU's kernels), which keeps a
-verify block's rows equal to the one-row decodes they replace.
+Every kernel computes each row of x on its own: a row's output does not depend on how many rows it
+shares a call with (tests/test_weight_format.py, tests/test_cpu_rows.py), which keeps a verify
+block's rows equal to the one-row decodes they replace.
 
-The int4 kernel is a GEMV in disguise: from a few dozen rows on, oneDNN's bfloat16 GEMM over the
-same weights is faster (2.75x at 1,024 rows on a 2-core AMD EPYC, benchmarks/int4_prefill.py),
-so an `Int4Linear` keeps its weight de-quantized in bfloat16 too (the kernel's own values: equal to
-it applied to the identity) and uses it inside `prefill_weights()`, which the engine enters for
-prompt chunks only. Decode and verify rows always go through the int4 kernel, so they do not
-depend on what shares their call. Prompt rows always go through the copy, one call per chunk (a
-one-row chunk as two rows: on a 2-core AMD EPYC oneDNN's one-row path rounded down_proj rows apart
-from 2+ rows, which all agreed). On an Intel Xeon with AMX oneDNN rounded rows apart at most row
-counts below 256, so there a prompt row's bits depend on the chunk it was prefilled in, as they do
-anyway through the masked attention call a packed chunk shares. Calls of exactly 256 rows would
-avoid the first part and cost 1.15-1.55x a prompt's prefill there, with no consistent gain in how often
-a packed request's output equals its own (benchmarks/prefill_invariance.py); the canary tells such
-rounding from corruption (engine/canary.py). The copy costs 2 bytes per weight of resident memory,
-which the decode step never reads.
+Both int4 kernels are GEMVs at heart: for a prompt's many rows oneDNN's bfloat16 GEMM over the same
+values is faster (2.75x aten's kernel at 1,024 rows on a 2-core AMD EPYC, benchmarks/int4_prefill.py),
+so an `Int4Linear` keeps its weight de-quantized in bfloat16 too (the grid the kernel reads, rounded
+once) and uses it inside `prefill_weights()`, which the engine enters for prompt chunks only.
+Decode and verify rows always go through the kernel, so they do not depend on what shares their
+call. Prompt rows always go through the copy, one call per chunk (a one-row chunk as two rows: on a
+2-core AMD EPYC oneDNN's one-row path rounded down_proj rows apart from 2+ rows, which all agreed).
+On an Intel Xeon with AMX oneDNN rounded rows apart at most row counts below 256, so there a prompt
+row's bits depend on the chunk it was prefilled in, as they do anyway through the masked attention
+call a packed chunk shares. Calls of exactly 256 rows would avoid the first part and cost
+1.15-1.55x a prompt's prefill there, with no consistent gain in how often a packed request's output
+equals its own (benchmarks/prefill_invariance.py); the canary tells such rounding from corruption
+(engine/canary.py). The copy costs 2 bytes per weight of resident memory, which the decode step
+never reads.
 """
 
 from __future__ import annotations
@@ -39,6 +47,8 @@ from contextvars import ContextVar
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from sglang_dspark.kernels import cpu_rows
 
 # set by the engine around a prefill forward (per thread: the engine's own). Every prompt row then
 # takes the copy whatever its chunk's size, never a mix of copy and kernel by size (a short chunk
@@ -85,22 +95,43 @@ class _WeightOnlyLinear(nn.Module):
 
 
 class Int8Linear(_WeightOnlyLinear):
-    """y = x W^T + b with W stored as int8 [out, in] and one scale per output row."""
+    """y = x W^T + b with W stored as int8 [out, in] and one scale per output row. Rows go through
+    the engine's own Q8 x Q8 kernel where it runs and the shape fits it (kernels/cpu_rows.py: rows
+    quantized to int8 per block of 32, as llama.cpp does), else through aten's int8 kernel (bfloat16
+    rows). `kernel` names the one this layer took."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__(linear)
         w = linear.weight.detach().float()
         scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0
-        self.register_buffer("weight_int8", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
+        q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
         self.register_buffer("scales", scale.to(torch.bfloat16))
+        fits = self.out_features % 16 == 0 and self.in_features % INT4_GROUP == 0
+        self._ops = cpu_rows.ops() if fits else None
+        if self._ops is not None:
+            self.kernel = "q8_rows_mm"
+            self.register_buffer("weight_q8", cpu_rows.pack_q8(q))
+            self.register_buffer("scales_f32", self.scales.float(), persistent=False)
+        else:
+            self.kernel = "aten._weight_int8pack_mm"
+            self.register_buffer("weight_int8", q)
 
     def _mm(self, rows: torch.Tensor) -> torch.Tensor:
+        if self._ops is not None:
+            return self._ops.q8_rows_mm(rows, self.weight_q8, self.scales_f32)
         return torch.ops.aten._weight_int8pack_mm(rows, self.weight_int8, self.scales)
 
+    def int8_weight(self) -> torch.Tensor:
+        """The int8 weight [out, in], from whichever layout the kernel reads."""
+        if self._ops is None:
+            return self.weight_int8
+        n, k = self.out_features, self.in_features
+        return cpu_rows.unpack_q8(self.weight_q8, n, k)
+
     def dequantized(self) -> torch.Tensor:
-        """q * scale rounded once to bfloat16: what the kernel multiplies by, in closed form (the
+        """q * scale rounded once to bfloat16: what aten's kernel multiplies by, in closed form (the
         identity through the kernel would cost a GEMM of in x in x out: the lm_head's is 3e10 FLOP)."""
-        return (self.weight_int8.float() * self.scales.float()[:, None]).to(torch.bfloat16)
+        return (self.int8_weight().float() * self.scales.float()[:, None]).to(torch.bfloat16)
 
 
 def int4_groups(w: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -141,8 +172,11 @@ def int4_fits(linear: nn.Linear) -> bool:
 
 
 class Int4Linear(_WeightOnlyLinear):
-    """y = x W^T + b with W stored as 4-bit groups of 32 (scale and minimum per group), packed for
-    the CPU kernel."""
+    """y = x W^T + b with W stored as 4-bit groups of 32 (scale and minimum per group). Decode and
+    verify rows go through the engine's own Q4_1 x Q8_1 kernel where it runs (kernels/cpu_rows.py:
+    the rows are quantized to int8 per block of 32, as llama.cpp does; weights stream once per call
+    whatever the rows), else through aten's int4 kernel (bfloat16 rows; its scale and zero in
+    bfloat16). `kernel` names the one this layer took."""
 
     def __init__(self, linear: nn.Linear):
         if not int4_fits(linear):
@@ -150,15 +184,25 @@ class Int4Linear(_WeightOnlyLinear):
                              f"got {linear.in_features} -> {linear.out_features}")
         super().__init__(linear)
         q, scale, lo = int4_groups(linear.weight.detach())
-        zero = lo + _INT4_OFFSET * scale
-        self.register_buffer("weight_int4", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, _INT4_INNER_K_TILES))
-        # [in/group, out, 2], as the kernel reads it
-        self.register_buffer("scales_and_zeros",
-                             torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(torch.bfloat16))
-        # the prefill copy: the same grid values (q - 8) * scale + zero from the rounded scale and
-        # zero the kernel reads, rounded once to bfloat16
-        sz = self.scales_and_zeros.float().transpose(0, 1)  # [out, in/group, 2]
-        grid = (q.view(q.shape[0], -1, INT4_GROUP).float() - _INT4_OFFSET) * sz[..., :1] + sz[..., 1:]
+        self._ops = cpu_rows.ops()
+        if self._ops is not None:
+            self.kernel = "q4_rows_mm"
+            qweight, scale_min = cpu_rows.pack_q4(q, scale, lo)
+            self.register_buffer("weight_q4", qweight)
+            self.register_buffer("scale_min", scale_min)
+            # the prefill copy: scale * q + minimum from the float16 scale and minimum the kernel reads
+            grid = q.view(q.shape[0], -1, INT4_GROUP).float() * scale.half().float()[..., None] + lo.half().float()[..., None]
+        else:
+            self.kernel = "aten._weight_int4pack_mm_for_cpu"
+            zero = lo + _INT4_OFFSET * scale
+            self.register_buffer("weight_int4", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, _INT4_INNER_K_TILES))
+            # [in/group, out, 2], as the kernel reads it
+            self.register_buffer("scales_and_zeros",
+                                 torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(torch.bfloat16))
+            # the prefill copy: the same grid values (q - 8) * scale + zero from the rounded scale and
+            # zero the kernel reads, rounded once to bfloat16
+            sz = self.scales_and_zeros.float().transpose(0, 1)  # [out, in/group, 2]
+            grid = (q.view(q.shape[0], -1, INT4_GROUP).float() - _INT4_OFFSET) * sz[..., :1] + sz[..., 1:]
         self.register_buffer("weight_bf16", grid.view_as(q).to(torch.bfloat16), persistent=False)
 
     def _mm(self, rows: torch.Tensor) -> torch.Tensor:
@@ -166,14 +210,15 @@ class Int4Linear(_WeightOnlyLinear):
             if rows.shape[0] == 1:  # oneDNN's one-row path rounds some rows apart from 2+ rows (down_proj's shape)
                 return F.linear(rows.expand(2, -1), self.weight_bf16)[:1]
             return F.linear(rows, self.weight_bf16)
+        if self._ops is not None:
+            return self._ops.q4_rows_mm(rows, self.weight_q4, self.scale_min)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.weight_int4, INT4_GROUP, self.scales_and_zeros)
 
     def dequantized(self) -> torch.Tensor:
-        """The kernel applied to the identity (its packed layout has no cheaper inverse; int4 serves
-        the decoder layers, whose in_features are small, never the lm_head)."""
-        eye = torch.eye(self.in_features, dtype=torch.bfloat16, device=self.scales_and_zeros.device)
-        with prefill_weights(False):
-            return self._mm(eye).T.contiguous()
+        """The weight as bfloat16 [out, in]: the prefill copy. aten's kernel multiplies by exactly
+        these values (its output on the identity, tests/test_int4_checkpoints.py); the Q4_1 x Q8_1
+        kernel by the same grid in float32, and it rounds the rows to int8 too."""
+        return self.weight_bf16
 
 
 @torch.no_grad()

@@ -11,19 +11,23 @@ Formats:
 - `float32`: the checkpoint's values; Linear weights in two layouts (engine/weight_layout.py).
 - `bfloat16`: weights, activations and the KV cache in bfloat16, logits in float32; the same
   arithmetic as transformers loaded with `dtype=torch.bfloat16`.
-- `int8`: weight-only int8 with one float scale per output row (symmetric, round to nearest), bf16
-  activations (`aten._weight_int8pack_mm`); half the bytes of bfloat16. Lossless speculation still
-  holds: the engine serves this quantized model and verifies against it.
+- `int8`: int8 weights with one float scale per output row (symmetric, round to nearest); half the
+  bytes of bfloat16. Lossless speculation still holds: the engine serves this quantized model and
+  verifies against it.
 - `int4`: the decoder layers' weights in 4-bit groups of 32 with a scale and minimum each (GGUF's
-  Q4_1 block, `aten._weight_int4pack_mm_for_cpu`), bf16 activations; the lm_head (the tied
-  embedding, which GGUF keeps at 8 bits) in int8. For a checkpoint converted from a Q4_1 GGUF these
-  are the GGUF's own integers (engine/quantized_linear.py).
+  Q4_1 block); the lm_head (the tied embedding, which GGUF keeps at 8 bits) in int8. For a
+  checkpoint converted from a Q4_1 GGUF these are the GGUF's own integers (engine/quantized_linear.py).
+  Where the CPU has AVX-512 BF16 + VNNI both quantized formats run the engine's own row kernels
+  (kernels/cpu_rows.py): rows quantized to int8 per block of 32 and VNNI dot products, as llama.cpp
+  computes Q4_1 and Q8_0, and one attention call for every decode and verify row; elsewhere aten's
+  weight-only kernels with bfloat16 rows and SDPA.
 - `auto`: on a CPU with native bfloat16 dot products (its flags), int4 where the checkpoint's decoder
   weights already are Q4_1 values (a 4-bit GGUF's, de-quantized: int4 then serves the file's own
-  integers, and moves the model about as little as bfloat16's rounding does,
-  benchmarks/format_fidelity.py), else bfloat16; elsewhere bfloat16 where it runs clearly faster
-  than float32 (timed at load on the model's own weight shapes), else float32. Never int8, nor int4
-  for weights trained in floating point: those change the model's outputs.
+  integers; with the row kernels it moves next-token distributions 0.0040 nats per token from
+  float32's, aten's kernels 0.0018, bfloat16 0.00086, benchmarks/format_fidelity.py), else
+  bfloat16; elsewhere bfloat16 where it runs clearly faster than float32 (timed at load on the
+  model's own weight shapes), else float32. Never int8, nor int4 for weights trained in floating
+  point: those change the model's outputs.
 
 Everything else in the engine reads the activation dtype from the model (`model_dtype`), so no
 format-specific branch lives outside this file.
@@ -43,6 +47,7 @@ from sglang_dspark.engine.format_names import WEIGHT_FORMATS
 from sglang_dspark.engine.one_row_gemv import one_row, pack_one_row_gemv
 from sglang_dspark.engine.quantized_linear import Int4Linear, Int8Linear, int4_fits_shape, int4_grid_share, quantize_linears
 from sglang_dspark.engine.weight_layout import pack_drafter_for_cpu, pack_linears_for_cpu
+from sglang_dspark.kernels import cpu_rows
 
 logger = logging.getLogger(__name__)
 
@@ -58,11 +63,7 @@ NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 def native_bf16_flags(cpuinfo: str = "/proc/cpuinfo") -> list[str]:
     """The CPU's bfloat16 dot-product flags (Linux /proc/cpuinfo); [] where unknown."""
-    try:
-        with open(cpuinfo) as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return []
+    flags = cpu_rows.cpu_flags(cpuinfo)
     return [flag for flag in NATIVE_BF16_FLAGS if flag in flags]
 
 
@@ -91,13 +92,27 @@ def apply_to_target(model: nn.Module, fmt: str) -> None:
     _check(fmt)
     if fmt == "float32":
         pack_linears_for_cpu(model)  # float32's fast CPU GEMM layout per row count
-    elif fmt == "int8":
+    if fmt == "int8":
         quantize_linears(model, Int8Linear)
     elif fmt == "int4":
         model.lm_head = Int8Linear(model.lm_head)  # GGUF's Q4_1 files keep the (tied) embedding at 8 bits
         quantize_linears(model, Int4Linear)
-    else:  # bfloat16: oneDNN's row-major path, and at one row torch.mv where tuned faster (engine/one_row_gemv.py)
+    if fmt in ("int8", "int4"):  # served against themselves, so the row kernel's own rounding is theirs
+        model.row_kernels = _row_kernels(model.config)
+    elif fmt == "bfloat16":
+        # oneDNN's row-major path, and at one row torch.mv where tuned faster (engine/one_row_gemv.py);
+        # attention stays SDPA's, as transformers calls it, so greedy output equals transformers'
         pack_one_row_gemv(model)
+
+
+def _row_kernels(config):
+    """kernels/cpu_rows.py's ops where they run and fit the model's heads, else None (torch's ops, SDPA)."""
+    ops = cpu_rows.ops()
+    hd = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    group = config.num_attention_heads // config.num_key_value_heads
+    if ops is None or hd > 256 or group > 16:
+        return None
+    return ops
 
 
 @torch.no_grad()

@@ -85,7 +85,6 @@ def test_int4s_prefill_copy_is_the_kernels_own_weight_used_only_inside_a_prefill
         linear.weight.copy_(w)
     layer = Int4Linear(linear)
     assert layer.kernel == ("q4_rows_mm" if kernel == "q4_rows_mm" else "aten._weight_int4pack_mm_for_cpu")
-    assert torch.equal(layer.weight_bf16, layer.dequantized())
     if kernel == "aten":  # the copy is aten's kernel through the identity
         eye = torch.eye(64, dtype=torch.bfloat16)
         assert torch.equal(layer.weight_bf16, _decode_kernel(layer, eye).T)

@@ -13,6 +13,7 @@ import pytest
 import torch
 from scipy import stats
 
+from sglang_dspark.engine.quantized_linear import prefill_weights
 from sglang_dspark.engine.sampling import SamplingBatch, SamplingParams
 from sglang_dspark.engine.target_model import Segment, TargetModel
 from tests.engine_fixtures import VOCAB, run_to_completion, tiny_engine, tiny_hf_target
@@ -53,14 +54,21 @@ def target_logits(hf, prompt: list[int], weight_format: str = "float32") -> list
     """The target's next-token logits after the prompt [V], after each first token [V, V] and after
     each pair of first tokens [V, V, V]: all that the marginals of tokens 1-3 depend on. float32 and
     bfloat16 come from transformers; int8 and int4, which transformers does not run, from our
-    runner's prefill (a forward the greedy tests check against target-only decoding)."""
+    runner as the engine computes them: the prompt prefilled (int4: through its bfloat16 copy), each
+    later token a decode row (the row kernels where they run, whose int8 rows round apart from the
+    copy's: a reference through the kernel alone moved top-p's boundary on this tiny model)."""
     if weight_format in ("int8", "int4"):
         target = TargetModel.from_hf_model(hf, weight_format)
 
         def next_logits(seqs):
-            cache = target.new_kv_cache(len(seqs), len(seqs[0]))
-            segments = [Segment(i, 0, torch.tensor(s)) for i, s in enumerate(seqs)]
-            return target.forward_segments(segments, cache, logits_for="last").logits.double().numpy()
+            cache, n = target.new_kv_cache(len(seqs), len(seqs[0])), len(prompt)
+            with prefill_weights():
+                logits = target.forward_segments([Segment(i, 0, torch.tensor(s[:n])) for i, s in enumerate(seqs)],
+                                                 cache, logits_for="last").logits
+            for pos in range(n, len(seqs[0])):
+                logits = target.forward_segments([Segment(i, pos, torch.tensor(s[pos:pos + 1])) for i, s in enumerate(seqs)],
+                                                 cache).logits
+            return logits.double().numpy()
     else:
         model = hf.to(torch.bfloat16) if weight_format == "bfloat16" else hf
 

@@ -10,8 +10,9 @@ Two kernel paths, chosen per layer at construction (`kernel` names it):
 - The engine's own (kernels/cpu_rows.py), where the CPU has AVX-512 BF16 + VNNI: the rows are
   quantized to int8 per block of 32 (llama.cpp's Q8_1) and multiplied by VNNI integer dot
   products, the weights streaming from memory once per call whatever the row count; int4 keeps the
-  scale and minimum in float16, as the GGUF does. This is llama.cpp's CPU arithmetic for Q4_1 and
-  Q8_0 weights. On a 2-core Intel Xeon with AMX, SmolLM2's 120 decoder Linear layers took 4.6 ms at
+  scale and minimum in float16, as the GGUF does. This is the class of arithmetic llama.cpp's CPU
+  backend uses for Q4_1 weights (its Q8_1 blocks keep float16 scales and round half away from zero;
+  ours keep float32 and round half to even); int8 weights keep one scale per output row. On a 2-core Intel Xeon with AMX, SmolLM2's 120 decoder Linear layers took 4.6 ms at
   1 row and 6.7 at 8 against aten's int4 kernel's 6.1 and 12.9 (benchmarks/cpu_rows.py).
 - aten's weight-only kernels elsewhere (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`),
   bfloat16 rows; aten's int4 kernel takes each group's scale and zero point (minimum + 8 scales)

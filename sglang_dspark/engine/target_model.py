@@ -6,9 +6,10 @@ call per layer over the segments padded to the longest new-token count and conte
 request's decode and verify rows, which are computed batch-invariantly (_one_request_attention).
 Where the weight format sets `row_kernels` (int8 and int4 where the package's CPU kernels run,
 engine/weight_format.py), a layer's norms, RoPE with the cache write, and SiLU run as one row kernel
-each, and every segment of up to EXACT_ROWS tokens (decode, verify, a short chunk) takes the row
-kernels' attention: one call per layer for all rows of all requests, each row over exactly the keys
-it sees, so no row depends on what shares its step (kernels/cpu_rows.py).
+each, and a call whose segments all have at most EXACT_ROWS tokens (decode rows, verify blocks of
+gamma <= 15, short chunks) takes the row kernels' attention: one call per layer for all rows of all
+requests, each row over exactly the keys it sees, so no row depends on what shares its step
+(kernels/cpu_rows.py); a longer segment sends the call to the masked SDPA path.
 """
 
 from __future__ import annotations

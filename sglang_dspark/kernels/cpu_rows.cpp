@@ -67,12 +67,16 @@ QuantizedRows quantize_rows(const uint16_t* X, int64_t M, int64_t K) {
       const __m512 a = bf16x16_to_ps(p), b = bf16x16_to_ps(p + 16);
       const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
       const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-      const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(id)));  // round to nearest even
-      const __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, _mm512_set1_ps(id)));
+      // round to nearest even; clamped so that a NaN or inf row (INT_MIN here) keeps xsum in range,
+      // and its dx is NaN so the output shows it
+      const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+      const __m512i qa = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(id))), lo), hi);
+      const __m512i qb = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(b, _mm512_set1_ps(id))), lo), hi);
       int8_t* out = q.xq.data() + r * K + g * kGroup;
       _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtsepi32_epi8(qa));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16), _mm512_cvtsepi32_epi8(qb));
-      q.dx[r * groups + g] = amax / 127.0f;
+      const bool nan = (_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q)) != 0;
+      q.dx[r * groups + g] = std::isfinite(amax) && !nan ? amax / 127.0f : NAN;  // max_ps skips NaN: test it
       q.xsum[r * groups + g] = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
     }
   return q;
@@ -80,11 +84,17 @@ QuantizedRows quantize_rows(const uint16_t* X, int64_t M, int64_t K) {
 
 // A group's 8 VNNI dot products of 16 lanes x 4 weights with one row's int8 blocks, in two
 // dependency chains (each op waits for the last one of its chain); int32 sums are exact.
-inline __m512i group_dot(const __m512i* w, const int32_t* xr, __m512i init) {
+inline int32_t four_bytes(const int8_t* p) {  // memcpy: no int32 read of int8 storage (strict aliasing)
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline __m512i group_dot(const __m512i* w, const int8_t* xr, __m512i init) {
   __m512i dot0 = init, dot1 = _mm512_setzero_si512();
   for (int t = 0; t < 8; t += 2) {
-    dot0 = _mm512_dpbusd_epi32(dot0, w[t], _mm512_set1_epi32(xr[t]));
-    dot1 = _mm512_dpbusd_epi32(dot1, w[t + 1], _mm512_set1_epi32(xr[t + 1]));
+    dot0 = _mm512_dpbusd_epi32(dot0, w[t], _mm512_set1_epi32(four_bytes(xr + 4 * t)));
+    dot1 = _mm512_dpbusd_epi32(dot1, w[t + 1], _mm512_set1_epi32(four_bytes(xr + 4 * t + 4)));
   }
   return _mm512_add_epi32(dot0, dot1);
 }
@@ -110,8 +120,7 @@ inline void block_rows_q4(const uint8_t* qblock, const uint16_t* dmblock, int64_
     const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dm + kLanes)));
     for (int r = 0; r < R; ++r) {
       const int64_t i = (r0 + r) * groups + g;
-      const __m512i dot = group_dot(w, reinterpret_cast<const int32_t*>(x.xq.data() + (r0 + r) * K + g * kGroup),
-                                    _mm512_setzero_si512());
+      const __m512i dot = group_dot(w, x.xq.data() + (r0 + r) * K + g * kGroup, _mm512_setzero_si512());
       const float dx = x.dx[i];
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_set1_ps(dx)), acc[r]);
       acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(dx * static_cast<float>(x.xsum[i])), acc[r]);
@@ -133,8 +142,7 @@ inline void block_rows_q8(const uint8_t* qblock, int64_t groups, const Quantized
     for (int t = 0; t < 8; ++t) w[t] = _mm512_loadu_si512(qblock + g * 512 + 64 * t);
     for (int r = 0; r < R; ++r) {
       const int64_t i = (r0 + r) * groups + g;
-      const __m512i dot = group_dot(w, reinterpret_cast<const int32_t*>(x.xq.data() + (r0 + r) * K + g * kGroup),
-                                    _mm512_set1_epi32(-128 * x.xsum[i]));
+      const __m512i dot = group_dot(w, x.xq.data() + (r0 + r) * K + g * kGroup, _mm512_set1_epi32(-128 * x.xsum[i]));
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(x.dx[i]), acc[r]);
     }
   }
@@ -225,7 +233,8 @@ at::Tensor q8_rows_mm(const at::Tensor& x, const at::Tensor& qweight, const at::
 
 // exp(x) for any x: Cody-Waite reduction and a degree-6 polynomial, the input clamped to float's range
 inline __m512 exp_any(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+  // max / min return their second operand when either is NaN: x second, so a NaN stays NaN
+  x = _mm512_min_ps(_mm512_set1_ps(88.0f), _mm512_max_ps(_mm512_set1_ps(-87.0f), x));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
@@ -252,6 +261,7 @@ at::Tensor rows_attention(const at::Tensor& q, const at::Tensor& kv, const at::T
               "kv: one layer's contiguous bfloat16 cache [2, slots, kv_heads, max_len, hd]");
   const int64_t T = q.size(0), H = q.size(1), hd = q.size(2);
   const int64_t S = kv.size(1), KVH = kv.size(2), L = kv.size(3);
+  TORCH_CHECK(H > 0 && KVH > 0, "rows_attention: no heads");
   TORCH_CHECK(kv.size(4) == hd && H % KVH == 0 && H / KVH <= kMaxGroup && hd >= 1 && hd <= kMaxHeadDim,
               "rows_attention: head_dim <= 256 (q's and the cache's) and at most 16 query heads per kv head");
   TORCH_CHECK(row_slot.scalar_type() == at::kLong && row_keys.scalar_type() == at::kLong && row_slot.numel() == T &&

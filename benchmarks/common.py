@@ -55,16 +55,11 @@ def load_pair(model: str, draft: str, weight_format: str = "auto"):
     in `weight_format`: the engine factory's loader, so benchmarks run exactly what the server runs
     (the format chosen is `target.weight_format`); `int4+aten` / `int8+aten`: without the CPU row kernels."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import contextlib
-
     from sglang_dspark import zoo
     from sglang_dspark.engine.factory import load_models
-    from sglang_dspark.kernels import cpu_rows
 
-    if weight_format != "auto" and not format_name_ok(weight_format):
-        raise SystemExit(f"{weight_format!r}: not a weight format (int8+aten / int4+aten for aten's kernels)")
-    fmt, _, kernels = weight_format.partition("+")
-    with cpu_rows.disabled() if kernels else contextlib.nullcontext():
+    fmt, built = format_and_kernels(weight_format)
+    with built:
         return load_models(zoo.resolve_model(model), draft, weight_format=fmt)
 
 
@@ -129,8 +124,6 @@ def timed(fns: dict, reps: int, warmup: int = 2) -> dict:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-
-
 def format_name_ok(name: str) -> bool:
     """A weight format, or int8 / int4 with `+aten` (aten's kernels, as where the row kernels do not run)."""
     from sglang_dspark.engine.format_names import WEIGHT_FORMATS
@@ -139,18 +132,25 @@ def format_name_ok(name: str) -> bool:
     return fmt in WEIGHT_FORMATS and (not plus or (kernels == "aten" and fmt in ("int8", "int4")))
 
 
-def load_target_format(path, name: str):
-    """TargetModel of `path` in format `name` (see format_name_ok); `+aten` builds it under
-    cpu_rows.disabled(): aten's int8 / int4 kernels and SDPA's attention."""
+def format_and_kernels(name: str):
+    """(weight format, context to build the model in) for a format name (see format_name_ok, or
+    auto): `+aten` builds under cpu_rows.disabled(), aten's int8 / int4 kernels and SDPA's attention."""
     import contextlib
 
-    from sglang_dspark.engine.target_model import TargetModel
     from sglang_dspark.kernels import cpu_rows
 
-    if not format_name_ok(name):
+    if name != "auto" and not format_name_ok(name):
         raise SystemExit(f"{name!r}: not a weight format (int8+aten / int4+aten for aten's kernels)")
     fmt, _, kernels = name.partition("+")
-    with cpu_rows.disabled() if kernels else contextlib.nullcontext():
+    return fmt, cpu_rows.disabled() if kernels else contextlib.nullcontext()
+
+
+def load_target_format(path, name: str):
+    """TargetModel of `path` in format `name` (see format_and_kernels)."""
+    from sglang_dspark.engine.target_model import TargetModel
+
+    fmt, built = format_and_kernels(name)
+    with built:
         return TargetModel.from_pretrained(str(path), weight_format=fmt)
 
 

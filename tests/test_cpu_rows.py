@@ -188,7 +188,7 @@ def test_the_loader_says_why_it_falls_back(monkeypatch, tmp_path):
     info.write_text("flags\t\t: fpu avx2 avx512f\n")
     assert cpu_rows.cpu_flags(str(info)) == {"fpu", "avx2", "avx512f"}
     assert cpu_rows.cpu_flags(str(tmp_path / "missing")) == set()
-    load = cpu_rows._load.__wrapped__  # uncached: the process's own result stays as it is
+    load = cpu_rows._build  # uncached: the process's own result stays as it is
     monkeypatch.delenv(cpu_rows.DISABLE_ENV, raising=False)  # a CI leg may run with the kernels off
     monkeypatch.setattr(cpu_rows, "cpu_flags", lambda: {"avx512f", "avx2"})
     ops, why = load()

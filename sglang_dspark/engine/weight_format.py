@@ -18,9 +18,10 @@ Formats:
   Q4_1 block); the lm_head (the tied embedding, which GGUF keeps at 8 bits) in int8. For a
   checkpoint converted from a Q4_1 GGUF these are the GGUF's own integers (engine/quantized_linear.py).
   Where the CPU has AVX-512 BF16 + VNNI both quantized formats run the engine's own row kernels
-  (kernels/cpu_rows.py): rows quantized to int8 per block of 32 and VNNI dot products, as llama.cpp
-  computes Q4_1 and Q8_0, and one attention call for every decode and verify row; elsewhere aten's
-  weight-only kernels with bfloat16 rows and SDPA.
+  (kernels/cpu_rows.py): rows quantized to int8 per block of 32 and VNNI dot products (the class
+  of arithmetic llama.cpp's CPU backend uses for Q4_1), one attention call for every decode and
+  verify row, and fused norms, RoPE and SiLU; elsewhere aten's weight-only kernels with bfloat16
+  rows and SDPA.
 - `auto`: on a CPU with native bfloat16 dot products (its flags), int4 where the checkpoint's decoder
   weights already are Q4_1 values (a 4-bit GGUF's, de-quantized: int4 then serves the file's own
   integers; with the row kernels it moves next-token distributions 0.0040 nats per token from
@@ -98,19 +99,18 @@ def apply_to_target(model: nn.Module, fmt: str) -> None:
         model.lm_head = Int8Linear(model.lm_head)  # GGUF's Q4_1 files keep the (tied) embedding at 8 bits
         quantize_linears(model, Int4Linear)
     if fmt in ("int8", "int4"):  # served against themselves, so the row kernel's own rounding is theirs
-        model.row_kernels = _row_kernels(model.config)
+        model.row_kernels = _row_kernels(model.layers[0])
     elif fmt == "bfloat16":
         # oneDNN's row-major path, and at one row torch.mv where tuned faster (engine/one_row_gemv.py);
         # attention stays SDPA's, as transformers calls it, so greedy output equals transformers'
         pack_one_row_gemv(model)
 
 
-def _row_kernels(config):
-    """kernels/cpu_rows.py's ops where they run and fit the model's heads, else None (torch's ops, SDPA)."""
+def _row_kernels(layer: nn.Module):
+    """kernels/cpu_rows.py's ops where they run and fit the model's heads (a decoder layer's), else
+    None (torch's ops, SDPA)."""
     ops = cpu_rows.ops()
-    hd = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    group = config.num_attention_heads // config.num_key_value_heads
-    if ops is None or hd > 256 or group > 16:
+    if ops is None or layer.head_dim > 256 or layer.num_heads // layer.num_kv_heads > 16:
         return None
     return ops
 

@@ -58,6 +58,16 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
 
 @functools.cache
 def _load() -> tuple[object | None, str]:
+    """(torch.ops namespace or None, why), once per process, logged."""
+    loaded, why = _build()
+    if loaded is None:
+        logger.warning("sglang_dspark CPU row kernels unavailable, aten's kernels instead: %s", why)
+    else:
+        logger.info("sglang_dspark CPU row kernels: %s", why)
+    return loaded, why
+
+
+def _build() -> tuple[object | None, str]:
     if os.environ.get(DISABLE_ENV, "1") == "0":
         return None, f"{DISABLE_ENV}=0"
     missing = [flag for flag in REQUIRED_FLAGS if flag not in cpu_flags()]
@@ -91,14 +101,7 @@ def disabled() -> Iterator[None]:
 
 def ops():
     """torch.ops.dspark_cpu_rows (the kernels above), or None where unavailable."""
-    if _DISABLED.get():
-        return None
-    loaded, why = _load()
-    if not getattr(_load, "_logged", False):
-        _load._logged = True
-        (logger.info if loaded is not None else logger.warning)(
-            "sglang_dspark CPU row kernels: %s", why if loaded is not None else f"unavailable, aten's kernels instead: {why}")
-    return loaded
+    return None if _DISABLED.get() else _load()[0]
 
 
 def status() -> str:

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import select
 import signal
+import socket
 import subprocess
 import sys
+from multiprocessing.connection import Connection
 
 import pytest
 from test_sglang_plugin import _Clock, _learning_run, _profile_with_tier, _synchronous_worker
@@ -145,3 +148,27 @@ def test_the_fit_worker_dies_with_its_scheduler_even_when_a_fork_of_it_holds_the
     so the worker never reads EOF when the scheduler is SIGKILLed; it notices being reparented."""
     exited, pid = _worker_exits_when_its_scheduler_is_killed(fork=True)
     assert exited, f"fit worker {pid} outlived its parent by 120 s while a fork held its socket"
+
+
+def test_a_worker_whose_scheduler_died_before_it_started_exits():
+    """The scheduler may be SIGKILLed before its child has run a line (a loaded host, a nice-10 child):
+    the child then already has its new parent, so it must compare with the pid it was given, not
+    with whatever parent it first sees. Here that pid is a process that has exited; the child's
+    socket stays open, so only the parent check can end it."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(60)
+    ours, theirs = socket.socketpair()
+    child = subprocess.Popen([sys.executable, "-m", "sglang_dspark.sglang_plugin.fitter", str(theirs.fileno()),
+                              str(gone.pid)], pass_fds=(theirs.fileno(),), env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    theirs.close()
+    conn = Connection(ours.detach())
+    try:
+        conn.send_bytes(pickle.dumps(("config", {}, None)))
+        child.wait(120)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait(30)
+        pytest.fail(f"fit worker {child.pid} kept running 120 s after the process that started it had exited")
+    finally:
+        conn.close()
+    assert child.returncode == 0

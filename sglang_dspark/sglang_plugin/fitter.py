@@ -11,10 +11,11 @@ waiting for either. It also writes the learned table to the export directory (ex
 The child dies with its parent: it reads its socket, and the parent's end closes when the parent
 dies (SIGKILL included), so its next read ends it. A process the scheduler forked later holds a
 copy of that end and would keep it open, so the child also checks every PARENT_CHECK_S that its
-parent is still the process that started it. It runs with one BLAS thread and at nice 10:
+parent is still the process that started it (whose pid it is given: a pid the child read itself
+could already be its new parent's, were the scheduler killed before the child got that far). It runs with one BLAS thread and at nice 10:
 the scheduler's cores are SGLang's, and on a host short of cores the refit waits, not the scheduler.
 
-    python -m sglang_dspark.sglang_plugin.fitter FD     (started by FitWorker, not by hand)
+    python -m sglang_dspark.sglang_plugin.fitter FD PARENT_PID     (started by FitWorker, not by hand)
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class FitWorker:
         parent, child = socket.socketpair()
         env = {**os.environ, **{k: "1" for k in _THREAD_ENV}}
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", __name__, str(child.fileno())],
+            self.proc = subprocess.Popen([sys.executable, "-m", __name__, str(child.fileno()), str(os.getpid())],
                                          pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, env=env)
         finally:
             child.close()
@@ -156,7 +157,7 @@ class FitWorker:
             self.conn.close()
 
 
-def _serve(conn: Connection) -> None:
+def _serve(conn: Connection, parent: int) -> None:
     from sglang_dspark.core.sps_online import OnlineSpsEstimator
 
     kind, config, export = pickle.loads(conn.recv_bytes())
@@ -172,7 +173,6 @@ def _serve(conn: Connection) -> None:
         conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
     send(("ready",))
-    parent = os.getppid()
     while True:
         while not conn.poll(PARENT_CHECK_S):  # EOF and data both end the wait
             if os.getppid() != parent:  # reparented: the scheduler is gone, a fork of it holds the socket
@@ -196,13 +196,13 @@ NICE = 10  # where cores are short, the scheduler thread (nice 0) runs first and
 
 
 def main(argv: list[str]) -> int:
-    conn = Connection(int(argv[0]))
+    conn, parent = Connection(int(argv[0])), int(argv[1])
     try:
         os.nice(NICE)
     except OSError:
         pass  # not permitted here: the fit runs at the parent's priority
     try:
-        _serve(conn)
+        _serve(conn, parent)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the parent is gone: so is the reason to run
     return 0

@@ -11,6 +11,10 @@ one block with the sampler the engine would pick:
 - `greedy_argmax`: the engine's all-greedy path (`SamplingBatch.draft_sampler` of a greedy batch:
   `argmax_sampler`, the argmax only; its verification compares argmaxes and reads no distribution).
 
+Where the drafter runs on the row kernels (int8 and int4 with them: engine/draft_rows.py), every
+arm also runs through the drafter's modules (`DSparkDrafter.rows` unset, the same weights in
+bfloat16, the same cache), as `<arm>/modules`, and the table adds rows / modules per arm.
+
 Arms alternate within each repeat (balanced order) at R = 1 and 16 requests; the table gives the
 median over repeats of each repeat's median call, and each arm's ratio to `greedy_onehot` from the
 same repeats. Writes benchmarks/results/drafter_speed_<format>.json with the host's load average.
@@ -56,7 +60,18 @@ class Bench:
                          "greedy_argmax": batch(0.0).draft_sampler(drafter.draft_vocab)}
 
     def call(self, arm: str) -> float:
-        """Seconds of one draft call, its flush of the newly staged positions included."""
+        """Seconds of one draft call, its flush of the newly staged positions included; an arm named
+        `<arm>/modules` runs with the row kernels' path unset."""
+        arm, _, path = arm.partition("/")
+        rows = self.drafter.rows
+        if path == "modules":
+            self.drafter.rows = None
+        try:
+            return self._call(arm)
+        finally:
+            self.drafter.rows = rows
+
+    def _call(self, arm: str) -> float:
         hidden = torch.randn(self.staged, self.feat).to(self.drafter.dtype)
         for slot in range(self.r):
             self.cache.append(slot, torch.arange(self.pos, self.pos + self.staged), hidden)
@@ -90,29 +105,39 @@ def main() -> int:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     target, _, drafter = load_pair(args.target, args.draft, args.dtype)
+    arms = list(ARMS) + ([f"{a}/modules" for a in ARMS] if drafter.rows is not None else [])
     result = {"draft": args.draft, "weight_format": target.weight_format, "context": args.context,
+              "row_kernels": drafter.rows is not None,
               "staged": args.staged, "threads": args.threads, "gamma": drafter.gamma,
               "draft_vocab": None if drafter.draft_vocab is None else int(drafter.draft_vocab.numel()),
               "load_average_before": os.getloadavg()[0], "ms_per_draft_call": {}, "ratio_to_greedy_onehot": {}}
     print(f"weights {target.weight_format}, gamma {drafter.gamma}, context {args.context}, "
           f"{args.staged} positions staged per call; ms per draft call, median of {args.repeats} repeats")
-    print(f"| R | {' | '.join(ARMS)} | {' | '.join(a + ' / greedy_onehot' for a in ARMS if a != 'greedy_onehot')} |")
-    print("|---" * (1 + 2 * len(ARMS) - 1) + "|")
+    paired = [a for a in arms if "/" in a]  # rows / modules, per arm
+    header = arms + [a + " / greedy_onehot" for a in ARMS if a != "greedy_onehot"] + [
+        f"{a.split('/')[0]} rows / modules" for a in paired]
+    print(f"| R | {' | '.join(header)} |")
+    print("|---" * (1 + len(header)) + "|")
     for r in (1, 16):
-        bench = Bench(drafter, r, args.context, args.staged, max_calls=(args.calls + 2) * len(ARMS) * args.repeats)
-        for arm in ARMS:  # warm-up: first-call costs
+        bench = Bench(drafter, r, args.context, args.staged, max_calls=(args.calls + 2) * len(arms) * args.repeats)
+        for arm in arms:  # warm-up: first-call costs
             bench.call(arm), bench.call(arm)
-        per_repeat = {arm: [] for arm in ARMS}
+        per_repeat = {arm: [] for arm in arms}
         for rep in range(args.repeats):
-            for arm in balanced_order(list(ARMS), rep):
+            for arm in balanced_order(arms, rep):
                 per_repeat[arm].append(statistics.median(bench.call(arm) for _ in range(args.calls)))
         ms = {arm: 1e3 * statistics.median(v) for arm, v in per_repeat.items()}
-        ratios = {arm: statistics.median(a / b for a, b in zip(per_repeat[arm], per_repeat["greedy_onehot"]))
-                  for arm in ARMS if arm != "greedy_onehot"}
+
+        def ratio(arm: str, base: str) -> float:
+            return statistics.median(a / b for a, b in zip(per_repeat[arm], per_repeat[base]))
+
+        ratios = {arm: ratio(arm, "greedy_onehot") for arm in ARMS if arm != "greedy_onehot"}
+        rows_vs_modules = {a.split("/")[0]: ratio(a.split("/")[0], a) for a in paired}
         result["ms_per_draft_call"][f"R{r}"] = ms
         result["ratio_to_greedy_onehot"][f"R{r}"] = ratios
-        print(f"| {r} | " + " | ".join(f"{ms[a]:.2f}" for a in ARMS) + " | "
-              + " | ".join(f"{v:.3f}" for v in ratios.values()) + " |", flush=True)
+        result.setdefault("rows_vs_modules", {})[f"R{r}"] = rows_vs_modules
+        print(f"| {r} | " + " | ".join(f"{ms[a]:.2f}" for a in arms) + " | "
+              + " | ".join(f"{v:.3f}" for v in [*ratios.values(), *rows_vs_modules.values()]) + " |", flush=True)
     result["load_average_after"] = os.getloadavg()[0]
     out = Path(args.out or ROOT / "benchmarks" / "results" / f"drafter_speed_{target.weight_format}.json")
     out.parent.mkdir(parents=True, exist_ok=True)

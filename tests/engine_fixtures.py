@@ -8,6 +8,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from sglang_dspark.drafter import DraftOutput, DSparkDraftConfig, DSparkDrafter
 from sglang_dspark.engine.engine import Engine, EngineConfig
 from sglang_dspark.engine.target_model import TargetModel
+from sglang_dspark.engine.weight_format import apply_to_drafter
 
 VOCAB = 48
 EOS = 2
@@ -52,7 +53,10 @@ def tiny_drafter_for(target: TargetModel, seed: int = 1, gamma: int = 4) -> DSpa
         target.config.to_dict(), target_layer_ids=[0, 2], mask_token_id=3, num_hidden_layers=1,
         block_size=gamma, markov_rank=8, markov_head_type="vanilla", enable_confidence_head=True,
     )
-    return DSparkDrafter(cfg, target.embed_tokens, target.lm_head).to(target.dtype).eval()  # the target's format
+    drafter = DSparkDrafter(cfg, target.embed_tokens, target.lm_head).to(target.dtype).eval()
+    if target.weight_format != "float32":  # as engine/factory.py does (float32's layouts: test_weight_layout.py)
+        apply_to_drafter(drafter, target.weight_format)  # int8, int4: the drafter on the row kernels
+    return drafter
 
 
 class TickClock:

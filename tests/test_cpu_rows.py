@@ -208,6 +208,17 @@ def test_without_the_kernels_int4_and_int8_keep_atens_and_sdpa(monkeypatch):
     assert Int8Linear(nn.Linear(64, 48)).kernel == "aten._weight_int8pack_mm"
 
 
+@pytest.mark.parametrize("in_features", [8, 24, 40])
+def test_atens_int8_kernel_takes_rows_of_any_length(in_features):
+    """aten's kernel read past rows whose length is not a multiple of 16 from 4 rows on (a segfault,
+    torch 2.14): Int8Linear pads them with zero columns, which add nothing."""
+    with cpu_rows.disabled():
+        layer = Int8Linear(nn.Linear(in_features, 48, bias=False))
+    x = torch.randn(5, in_features).to(torch.bfloat16)
+    want = x.float() @ layer.dequantized().float().T
+    torch.testing.assert_close(layer(x).float(), want, rtol=2e-2, atol=2e-2)
+
+
 @needs_kernels
 def test_the_layers_elementwise_kernels_are_their_torch_ops_rounded_once():
     """rows_rmsnorm / rows_add_rmsnorm, rows_silu_mul and

@@ -70,6 +70,9 @@ class DSparkDrafter(nn.Module):
         # Optional hot draft vocabulary and its rows of the vocabulary-sized weights (set_draft_vocab).
         for name in ("draft_vocab", "_vocab_lm_head", "_vocab_markov_w2"):
             self.register_buffer(name, None, persistent=False)
+        # inference on the CPU row kernels (engine/draft_rows.py), set by engine/weight_format.py: a
+        # plain attribute, not a submodule, so its int8 copies never enter the state dict
+        self.rows = None
 
     @property
     def gamma(self) -> int:
@@ -128,7 +131,13 @@ class DSparkDrafter(nn.Module):
         """
         if token_ids is None:
             self.draft_vocab = self._vocab_lm_head = self._vocab_markov_w2 = None
-            return
+        else:
+            self._set_draft_vocab(token_ids)
+        if self.rows is not None:
+            self.rows.vocab_changed(self)
+
+    def _set_draft_vocab(self, token_ids) -> None:
+        """Check `token_ids` and keep them with their rows of the lm_head and Markov W2."""
         ids = torch.as_tensor(token_ids, dtype=torch.long, device=self.lm_head_weight.device)
         vocab = self.lm_head_weight.shape[0]
         if ids.dim() != 1 or ids.numel() == 0:
@@ -211,21 +220,23 @@ class DSparkDrafter(nn.Module):
             if cache.length(slot) < p:
                 raise ValueError(f"slot {slot} holds {cache.length(slot)} context positions, anchor at {p}")
         cache.flush(slots)
-        c = max(int(anchor_pos.max()), 1)
         slot_index = torch.as_tensor(slots, device=device)
-        dtype = self.dtype
-        ctx_kv = [
-            (cache.k[i, slot_index, :c].to(dtype), cache.v[i, slot_index, :c].to(dtype))
-            for i in range(len(self.layers))
-        ]
-        sees_ctx = torch.arange(c, device=device)[None, :] < anchor_pos[:, None]  # [R, C]
-        mask = torch.cat([sees_ctx, sees_ctx.new_ones(r, g)], dim=-1)[:, None, :].expand(r, g, c + g)
         block_ids = torch.full((r, g), self.config.mask_token_id, device=device, dtype=torch.long)
         block_ids[:, 0] = anchors
         pos = anchor_pos[:, None] + torch.arange(g, device=device)
-        hidden = self.backbone(block_ids, pos, ctx_kv, mask)
+        # the rows write the block's K/V to the cache positions it occupies: only past each slot's
+        # context (the engine's case) and inside the cache, else the modules draft
+        rows = self.rows if self.rows is not None and cache.kv.dtype == torch.bfloat16 and all(
+            cache.length(slot) == p and p + g <= cache.max_len for slot, p in zip(slots, anchor_pos.tolist())) else None
+        if rows is not None:  # each row attends to its slot's first anchor + gamma keys: no gather, no mask
+            x = F.embedding(block_ids.view(-1), self.embed_weight).to(torch.bfloat16)
+            keys = (anchor_pos + g).repeat_interleave(g)
+            hidden = rows.backbone(cache.kv, x, pos.reshape(-1), slot_index.repeat_interleave(g), keys).view(r, g, -1)
+            base = rows.logits(hidden)
+        else:
+            hidden = self._backbone_from_cache(cache, slot_index, anchor_pos, block_ids, pos)
+            base = self.base_logits(hidden, self._vocab_lm_head)  # [R, G, V], or [R, G, S] over a draft vocabulary
         vocab = self.draft_vocab
-        base = self.base_logits(hidden, self._vocab_lm_head)  # [R, G, V], or [R, G, S] over a draft vocabulary
 
         tokens, probs = [], []
         prev = anchors
@@ -234,7 +245,8 @@ class DSparkDrafter(nn.Module):
             step_logits = base[:, k]
             if self.markov_head is not None:
                 features, state = self.markov_head.step_features(prev, hidden[:, k], state)
-                bias = (self.markov_head.markov_w2(features) if vocab is None
+                bias = (rows.markov_bias(features) if rows is not None
+                        else self.markov_head.markov_w2(features) if vocab is None
                         else F.linear(features, self._vocab_markov_w2.to(features.dtype)))
                 step_logits = step_logits + bias  # float32 + bfloat16 promotes exactly: no .float() copy
             choice, p = sampler(step_logits, k)
@@ -248,6 +260,17 @@ class DSparkDrafter(nn.Module):
         probs = None if probs[0] is None else self._expand_to_vocab(torch.stack(probs, dim=1))  # once, not per position
         return DraftOutput(tokens=tokens, probs=probs, conf_logits=self.confidence(hidden, prev_tokens))
 
+    def _backbone_from_cache(self, cache, slot_index, anchor_pos, block_ids, pos) -> torch.Tensor:
+        """The block's final hidden [R, G, H] through the module's own layers: the context K/V
+        gathered per slot, a mask for each row's context length."""
+        r, g = block_ids.shape
+        c = max(int(anchor_pos.max()), 1)
+        ctx_kv = [(cache.k[i, slot_index, :c].to(self.dtype), cache.v[i, slot_index, :c].to(self.dtype))
+                  for i in range(len(self.layers))]
+        sees_ctx = torch.arange(c, device=block_ids.device)[None, :] < anchor_pos[:, None]  # [R, C]
+        mask = torch.cat([sees_ctx, sees_ctx.new_ones(r, g)], dim=-1)[:, None, :].expand(r, g, c + g)
+        return self.backbone(block_ids, pos, ctx_kv, mask)
+
 
 class DraftKVCache:
     """Preallocated context K/V of every draft layer, per slot (request).
@@ -256,20 +279,32 @@ class DraftKVCache:
     one batched `context_kv` call (the drafter flushes the slots it drafts for). The engine appends
     every step but drafts only when the planner finds a draft worth verifying, so keeping the
     context current costs one matmul per draft instead of R small calls per step.
+
+    Layout: `kv` [layers, 2, slots, kv_heads, max_len, head_dim], the target's KV cache layout
+    (engine/kv_cache.py), so that a layer's [2, slots, kv_heads, max_len, head_dim] is what the row
+    kernels read and write (engine/draft_rows.py); `k` and `v` are views [layers, slots, max_len,
+    kv_heads, head_dim].
     """
 
     def __init__(self, drafter: DSparkDrafter, num_slots: int, max_len: int,
                  dtype=None, device="cpu", zeros=torch.zeros):
         cfg = drafter.config
         dtype = dtype or drafter.dtype  # the K/V the drafter's attention reads, in its own dtype
-        shape = (cfg.num_hidden_layers, num_slots, max_len, cfg.num_key_value_heads, cfg.head_dim)
+        shape = (cfg.num_hidden_layers, 2, num_slots, cfg.num_key_value_heads, max_len, cfg.head_dim)
         self.drafter = drafter
-        self.k = zeros(shape, dtype=dtype, device=device)  # `zeros`: the engine passes its lazy allocator
-        self.v = zeros(shape, dtype=dtype, device=device)
+        self.kv = zeros(shape, dtype=dtype, device=device)  # `zeros`: the engine passes its lazy allocator
         self.lengths = [0] * num_slots
         self.max_len = max_len
         # Per slot: disjoint (start, features [n, m*H]) pieces in ascending order, not yet projected.
         self._staged: list[list[tuple[int, torch.Tensor]]] = [[] for _ in range(num_slots)]
+
+    @property
+    def k(self) -> torch.Tensor:
+        return self.kv[:, 0].transpose(2, 3)
+
+    @property
+    def v(self) -> torch.Tensor:
+        return self.kv[:, 1].transpose(2, 3)
 
     def append(self, slot: int, positions: torch.Tensor, target_hidden: torch.Tensor) -> None:
         """Stage the context features at `positions` (contiguous, starting at or before the current
@@ -305,12 +340,16 @@ class DraftKVCache:
         pieces = [(slot, s, h) for slot in slots for s, h in self._staged[slot]]
         if not pieces:
             return
-        device = self.k.device
+        device = self.kv.device
         hidden = torch.cat([h for _, _, h in pieces]).to(device)
         positions = torch.cat([torch.arange(s, s + h.shape[0], device=device) for _, s, h in pieces])
         slot_index = torch.cat([torch.full((h.shape[0],), slot, device=device) for slot, _, h in pieces])
-        for i, (k, v) in enumerate(self.drafter.context_kv(hidden, positions)):
-            self.k[i, slot_index, positions] = k.to(self.k.dtype)
-            self.v[i, slot_index, positions] = v.to(self.v.dtype)
+        if self.drafter.rows is not None:  # the row kernels project and store in one pass per layer
+            self.drafter.rows.store_context(self.kv, hidden, positions, slot_index)
+        else:
+            k_all, v_all = self.k, self.v
+            for i, (k, v) in enumerate(self.drafter.context_kv(hidden, positions)):
+                k_all[i, slot_index, positions] = k.to(self.kv.dtype)
+                v_all[i, slot_index, positions] = v.to(self.kv.dtype)
         for slot in slots:
             self._staged[slot] = []

@@ -42,7 +42,7 @@ class ModelRunner:
         """Bytes the caches take once every position of every slot is written."""
         total = self.cache.nbytes()
         if self.draft_cache is not None:
-            total += self.draft_cache.k.numel() * self.draft_cache.k.element_size() * 2
+            total += self.draft_cache.kv.numel() * self.draft_cache.kv.element_size()
         return total
 
     def release_pages(self) -> None:
@@ -51,8 +51,7 @@ class ModelRunner:
         if self.draft_cache is not None:
             for slot in range(len(self.draft_cache.lengths)):
                 self.draft_cache.truncate(slot, 0)  # staged features pin their steps' hidden states
-            release_on_demand(self.draft_cache.k)
-            release_on_demand(self.draft_cache.v)
+            release_on_demand(self.draft_cache.kv)
 
     def prefill(self, chunks: list[tuple[int, int, list[int]]], all_logits: bool = False) -> torch.Tensor:
         """Run prompt chunks (slot, start, token ids); logits [len(chunks), V] of each chunk's last

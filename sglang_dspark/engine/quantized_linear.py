@@ -68,6 +68,7 @@ def prefill_weights(enabled: bool = True) -> Iterator[None]:
         _PREFILL.reset(token)
 
 INT4_GROUP = 32  # Q4_1's block size
+ATEN_INT8_K_MULTIPLE = 16  # in_features aten._weight_int8pack_mm reads safely (Int8Linear)
 INT4_LEVELS = 15
 # the kernel dequantizes (q - 8) * scale + zero; packing needs N divisible by 16
 _INT4_OFFSET, _INT4_N_MULTIPLE, _INT4_INNER_K_TILES = 8, 16, 8
@@ -117,10 +118,17 @@ class Int8Linear(_WeightOnlyLinear):
         else:
             self.kernel = "aten._weight_int8pack_mm"
             self.register_buffer("weight_int8", q)
+            # aten's kernel (torch 2.14) reads past a row whose length is not a multiple of 16 from 4
+            # rows on (a segfault at in = 8, 24, 40): zero columns make the length one, same products
+            self._pad = -self.in_features % ATEN_INT8_K_MULTIPLE
+            if self._pad:
+                self.register_buffer("_weight_int8_padded", F.pad(q, (0, self._pad)), persistent=False)
 
     def _mm(self, rows: torch.Tensor) -> torch.Tensor:
         if self._ops is not None:
             return self._ops.q8_rows_mm(rows, self.weight_q8, self.scales_f32)
+        if self._pad:
+            return torch.ops.aten._weight_int8pack_mm(F.pad(rows, (0, self._pad)), self._weight_int8_padded, self.scales)
         return torch.ops.aten._weight_int8pack_mm(rows, self.weight_int8, self.scales)
 
     def int8_weight(self) -> torch.Tensor:

@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang_dspark.engine.draft_rows import DraftRows
 from sglang_dspark.engine.format_names import WEIGHT_FORMATS
 from sglang_dspark.engine.one_row_gemv import one_row, pack_one_row_gemv
 from sglang_dspark.engine.quantized_linear import Int4Linear, Int8Linear, int4_fits_shape, int4_grid_share, quantize_linears
@@ -117,14 +118,18 @@ def _row_kernels(layer: nn.Module):
 
 @torch.no_grad()
 def apply_to_drafter(drafter: nn.Module, fmt: str) -> None:
-    """Put a drafter (loaded in `activation_dtype(fmt)`) into format `fmt`. Its Linear layers are
-    small and its largest GEMM reads the shared lm_head's rows, so it stays in the activation dtype
-    under int8 and int4 too."""
+    """Put a drafter (loaded in `activation_dtype(fmt)`) into format `fmt`. Under int8 and int4, where
+    the target runs the row kernels, drafting runs them too (engine/draft_rows.py: int8 copies of its
+    Linear layers, the module's own weights kept for any other use); elsewhere it stays in the
+    activation dtype."""
     _check(fmt)
     if fmt == "float32":
         pack_drafter_for_cpu(drafter)
     else:
         pack_one_row_gemv(drafter)  # its per-position Markov layers run one row at C = 1
+    ops = cpu_rows.ops() if fmt in ("int8", "int4") else None
+    if ops is not None and DraftRows.fits(drafter):
+        drafter.rows = DraftRows(drafter, ops)
 
 
 # a checkpoint counts as Q4_1 when this share of every sampled weight's groups is on the grid

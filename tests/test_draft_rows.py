@@ -1,0 +1,139 @@
+"""The drafter on the CPU row kernels (engine/draft_rows.py) computes what its modules compute, up to
+int8 rounding; it writes the context K/V where the module path reads them; it follows the draft
+vocabulary; the engine's weight formats give it to int8 and int4 only, and a draft it cannot take
+(a cache longer than the anchor) goes through the modules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sglang_dspark.drafter import DraftKVCache, argmax_sampler
+from sglang_dspark.engine.draft_rows import DraftRows
+from sglang_dspark.engine.weight_format import apply_to_drafter
+from sglang_dspark.kernels import cpu_rows
+from tests.drafter_fixtures import tiny_drafter
+
+needs_kernels = pytest.mark.skipif(cpu_rows.ops() is None, reason=f"row kernels unavailable: {cpu_rows.status()}")
+CONTEXT = [11, 6, 17]
+TOLERANCE = 0.05  # relative error: at most 0.037 here; a block blind to its own keys 0.07-0.19, no k_norm 0.7  # positions cached per slot: slots with different context lengths share a draft
+
+
+def _drafter(**overrides):
+    """A tiny bfloat16 drafter whose norms are not the identity's ones (a skipped norm must show)."""
+    drafter = tiny_drafter(seed=3, **overrides)
+    with torch.no_grad():
+        for module in drafter.modules():
+            if isinstance(module, torch.nn.RMSNorm):
+                module.weight.uniform_(0.5, 2.0)
+    return drafter.to(torch.bfloat16)
+
+
+def _filled_caches(drafter, seed: int = 0):
+    """Two caches of the same context features, one for the module path, one for the rows."""
+    torch.manual_seed(seed)
+    feat = len(drafter.config.target_layer_ids) * drafter.config.hidden_size
+    caches = [DraftKVCache(drafter, num_slots=len(CONTEXT), max_len=64) for _ in range(2)]
+    for slot, n in enumerate(CONTEXT):
+        hidden = torch.randn(n, feat).to(torch.bfloat16)
+        for cache in caches:
+            cache.append(slot, torch.arange(n), hidden)
+    return caches
+
+
+def _error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """The largest per-row relative L2 error of [..., H] tensors (int8 weights and rows: about 1 %)."""
+    got, want = got.detach().float().flatten(0, -2), want.detach().float().flatten(0, -2)
+    return float(((got - want).norm(dim=-1) / want.norm(dim=-1)).max())
+
+
+@needs_kernels
+@pytest.mark.parametrize("head", ["vanilla", "gated", "rnn"])
+def test_the_rows_compute_the_modules_context_kv_backbone_and_logits(head):
+    drafter = _drafter(markov_head_type=head)
+    modules, rows = _filled_caches(drafter)
+    modules.flush()  # the module path: context_kv
+    drafter.rows = DraftRows(drafter, cpu_rows.ops())
+    rows.flush()  # the same features through store_context
+    n = len(CONTEXT)
+    for slot, length in enumerate(CONTEXT):
+        for name in ("k", "v"):
+            want, got = getattr(modules, name)[:, slot, :length], getattr(rows, name)[:, slot, :length]
+            assert _error(got, want) < TOLERANCE, (name, slot)
+    # one draft block per slot: the rows' final hidden and logits against the modules'
+    g = drafter.gamma
+    anchors, anchor_pos = torch.tensor([5, 7, 9]), torch.tensor(CONTEXT)
+    block_ids = torch.full((n, g), drafter.config.mask_token_id)
+    block_ids[:, 0] = anchors
+    pos = anchor_pos[:, None] + torch.arange(g)
+    want = drafter._backbone_from_cache(modules, torch.arange(n), anchor_pos, block_ids, pos)
+    x = F.embedding(block_ids.view(-1), drafter.embed_weight).to(torch.bfloat16)
+    got = drafter.rows.backbone(rows.kv, x, pos.reshape(-1), torch.arange(n).repeat_interleave(g),
+                                (anchor_pos + g).repeat_interleave(g)).view(n, g, -1)
+    assert _error(got, want) < TOLERANCE
+    assert _error(drafter.rows.logits(got), drafter.base_logits(want)) < TOLERANCE
+
+
+@needs_kernels
+def test_a_draft_on_the_rows_proposes_the_modules_tokens():
+    """Whole draft calls, argmax drafts over three slots: the int8 rounding may flip a near-tie, not more."""
+    drafter = _drafter()
+    modules, rows = _filled_caches(drafter)
+    anchors, anchor_pos = torch.tensor([5, 7, 9]), torch.tensor(CONTEXT)
+    want = drafter.draft(modules, [0, 1, 2], anchors, anchor_pos, sampler=argmax_sampler)
+    drafter.rows = DraftRows(drafter, cpu_rows.ops())
+    got = drafter.draft(rows, [0, 1, 2], anchors, anchor_pos, sampler=argmax_sampler)
+    assert (got.tokens == want.tokens).float().mean() >= 0.75
+    assert torch.allclose(got.conf_logits, want.conf_logits, atol=0.1)
+
+
+@needs_kernels
+def test_a_draft_whose_cache_runs_past_its_anchor_goes_through_the_modules():
+    """The rows write the block's K/V at the positions it occupies; where the cache holds context
+    there (a caller drafting from an earlier anchor), they would overwrite it, so the modules draft."""
+    drafter = _drafter()
+    modules, rows = _filled_caches(drafter)
+    drafter.rows = DraftRows(drafter, cpu_rows.ops())
+    anchors, early = torch.tensor([5, 7, 9]), torch.tensor([c - 2 for c in CONTEXT])
+    rows.flush()
+    before = rows.kv.clone()
+    got = drafter.draft(rows, [0, 1, 2], anchors, early, sampler=argmax_sampler)
+    assert torch.equal(rows.kv, before)  # nothing written over the cached context
+    drafter.rows = None
+    want = drafter.draft(modules, [0, 1, 2], anchors, early, sampler=argmax_sampler)
+    assert torch.equal(got.tokens, want.tokens)
+
+
+@needs_kernels
+def test_the_rows_follow_the_draft_vocabulary():
+    drafter = _drafter()
+    drafter.rows = DraftRows(drafter, cpu_rows.ops())
+    vocab = drafter.lm_head_weight.shape[0]
+    hidden = torch.randn(5, drafter.config.hidden_size).to(torch.bfloat16)
+    assert drafter.rows.logits(hidden).shape == (5, vocab)
+    hot = torch.arange(0, vocab, 3)
+    drafter.set_draft_vocab(hot)
+    got = drafter.rows.logits(hidden)
+    assert got.shape == (5, hot.numel())
+    assert _error(got, drafter.base_logits(hidden, drafter._vocab_lm_head)) < TOLERANCE
+    features = torch.randn(5, drafter.config.markov_rank).to(torch.bfloat16)
+    bias = F.linear(features, drafter._vocab_markov_w2)
+    assert _error(drafter.rows.markov_bias(features), bias) < TOLERANCE
+    drafter.set_draft_vocab(None)
+    assert drafter.rows.logits(hidden).shape == (5, vocab)
+
+
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "int8", "int4"])
+def test_only_the_formats_that_run_the_row_kernels_draft_on_them(fmt):
+    from sglang_dspark.engine.weight_format import activation_dtype
+
+    drafter = tiny_drafter(seed=3).to(activation_dtype(fmt))
+    apply_to_drafter(drafter, fmt)
+    on_rows = fmt in ("int8", "int4") and cpu_rows.ops() is not None
+    assert (drafter.rows is not None) == on_rows
+    with cpu_rows.disabled():
+        plain = tiny_drafter(seed=3).to(activation_dtype(fmt))
+        apply_to_drafter(plain, fmt)
+    assert plain.rows is None
+    assert "rows" not in "".join(drafter.state_dict())  # the int8 copies are never saved

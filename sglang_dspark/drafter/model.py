@@ -258,7 +258,11 @@ class DSparkDrafter(nn.Module):
         if any(p is None for p in probs) and not all(p is None for p in probs):
             raise ValueError("the sampler reported probabilities for some positions of the block but not all")
         probs = None if probs[0] is None else self._expand_to_vocab(torch.stack(probs, dim=1))  # once, not per position
-        return DraftOutput(tokens=tokens, probs=probs, conf_logits=self.confidence(hidden, prev_tokens))
+        if rows is not None and self.confidence_head is not None:
+            conf_logits = rows.confidence(hidden, self._prev_embeddings(prev_tokens))
+        else:
+            conf_logits = self.confidence(hidden, prev_tokens)
+        return DraftOutput(tokens=tokens, probs=probs, conf_logits=conf_logits)
 
     def _backbone_from_cache(self, cache, slot_index, anchor_pos, block_ids, pos) -> torch.Tensor:
         """The block's final hidden [R, G, H] through the module's own layers: the context K/V
@@ -344,8 +348,9 @@ class DraftKVCache:
         hidden = torch.cat([h for _, _, h in pieces]).to(device)
         positions = torch.cat([torch.arange(s, s + h.shape[0], device=device) for _, s, h in pieces])
         slot_index = torch.cat([torch.full((h.shape[0],), slot, device=device) for slot, _, h in pieces])
-        if self.drafter.rows is not None:  # the row kernels project and store in one pass per layer
-            self.drafter.rows.store_context(self.kv, hidden, positions, slot_index)
+        rows = self.drafter.rows
+        if rows is not None and hidden.shape[0] <= rows.max_context_rows:  # one pass per layer on the row kernels
+            rows.store_context(self.kv, hidden, positions, slot_index)
         else:
             k_all, v_all = self.k, self.v
             for i, (k, v) in enumerate(self.drafter.context_kv(hidden, positions)):

@@ -54,6 +54,12 @@ class _Layer:
 class DraftRows:
     """A drafter's weights repacked for the row kernels, and its three inference passes."""
 
+    # More context rows than this go through the modules' bfloat16 GEMMs (oneDNN; AMX where there is
+    # one): the row kernels' cost grows with the rows, and on the Intel Xeon with AMX a flush of 128
+    # rows took 1.16 ms on them and 1.32 on the modules, of 512 rows 4.84 and 2.84 (a prompt, or the
+    # positions a probe finds staged since the last draft)
+    max_context_rows = 128
+
     @staticmethod
     def fits(drafter) -> bool:
         """Whether the row kernels can run this drafter (bfloat16 activations, attention limits)."""
@@ -75,6 +81,9 @@ class DraftRows:
                                 dtype=torch.bfloat16)  # the drafter's own tables, as the kernel reads them
         self.cos, self.sin = cos.contiguous(), sin.contiguous()
         self.scale = cfg.head_dim ** -0.5
+        head = drafter.confidence_head  # one output: a float32 dot product, not a bfloat16 GEMM (76 us)
+        self.confidence_weight = None if head is None else head.proj.weight.detach().float()[0]
+        self.confidence_bias = None if head is None else head.proj.bias.detach().float()[0]
         self.vocab_changed(drafter)
 
     @torch.no_grad()
@@ -135,6 +144,11 @@ class DraftRows:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Base logits [T, V or S] (float32) over the draft vocabulary's lm_head rows."""
         return self.lm_head(hidden).float()
+
+    def confidence(self, hidden: torch.Tensor, prev_embeddings: torch.Tensor | None) -> torch.Tensor:
+        """Raw confidence logits [..., G] (float32) of ConfidenceHead over hidden [..., G, H]."""
+        features = hidden if prev_embeddings is None else torch.cat([hidden, prev_embeddings.to(hidden.dtype)], dim=-1)
+        return features.float() @ self.confidence_weight + self.confidence_bias
 
     def markov_bias(self, features: torch.Tensor) -> torch.Tensor:
         """W2 features over the draft vocabulary's rows: [R, V or S] (bfloat16)."""

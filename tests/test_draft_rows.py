@@ -138,17 +138,3 @@ def test_only_the_formats_that_run_the_row_kernels_draft_on_them(fmt):
     assert plain.rows is None
     assert "rows" not in "".join(drafter.state_dict())  # the int8 copies are never saved
 
-
-@needs_kernels
-def test_a_flush_of_many_rows_goes_through_the_modules_into_the_same_cache():
-    """A prompt's (or a long-undrafted slot's) many staged rows take the modules' GEMMs
-    (DraftRows.max_context_rows); their K/V land where the rows read them."""
-    drafter = _drafter()
-    drafter.rows = DraftRows(drafter, cpu_rows.ops())
-    few, many = _filled_caches(drafter)
-    few.flush()  # 34 rows: the row kernels
-    drafter.rows.max_context_rows = sum(CONTEXT) - 1
-    many.flush()  # the modules
-    for slot, length in enumerate(CONTEXT):
-        for name in ("k", "v"):
-            assert _error(getattr(many, name)[:, slot, :length], getattr(few, name)[:, slot, :length]) < TOLERANCE

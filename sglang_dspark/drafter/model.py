@@ -346,11 +346,17 @@ class DraftKVCache:
             return
         device = self.kv.device
         hidden = torch.cat([h for _, _, h in pieces]).to(device)
-        positions = torch.cat([torch.arange(s, s + h.shape[0], device=device) for _, s, h in pieces])
-        slot_index = torch.cat([torch.full((h.shape[0],), slot, device=device) for slot, _, h in pieces])
-        rows = self.drafter.rows
-        if rows is not None and hidden.shape[0] <= rows.max_context_rows:  # one pass per layer on the row kernels
-            rows.store_context(self.kv, hidden, positions, slot_index)
+        # indices in a few vectorized ops: a slot undrafted for 256 steps stages 256 pieces, and an
+        # arange and a full per piece cost 4 ms of a probe at R = 4
+        lens = torch.tensor([h.shape[0] for _, _, h in pieces], device=device)
+        first = torch.repeat_interleave(torch.cumsum(lens, 0) - lens, lens, output_size=hidden.shape[0])
+        positions = (torch.repeat_interleave(torch.tensor([s for _, s, _ in pieces], device=device), lens,
+                                             output_size=hidden.shape[0])
+                     + torch.arange(hidden.shape[0], device=device) - first)
+        slot_index = torch.repeat_interleave(torch.tensor([slot for slot, _, _ in pieces], device=device), lens,
+                                             output_size=hidden.shape[0])
+        if self.drafter.rows is not None:  # one pass per layer on the row kernels
+            self.drafter.rows.store_context(self.kv, hidden, positions, slot_index)
         else:
             k_all, v_all = self.k, self.v
             for i, (k, v) in enumerate(self.drafter.context_kv(hidden, positions)):

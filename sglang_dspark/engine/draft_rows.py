@@ -52,13 +52,12 @@ class _Layer:
 
 
 class DraftRows:
-    """A drafter's weights repacked for the row kernels, and its three inference passes."""
+    """A drafter's weights repacked for the row kernels, and its three inference passes. Context
+    flushes of any size take the row kernels too: the modules' bfloat16 GEMM was faster for 512 warm
+    rows (2.8 ms against 4.8) but oneDNN builds a kernel for every new row count, and a flush's count
+    is new almost every time (in the engine 260 rows took 18 ms through the modules).
+"""
 
-    # More context rows than this go through the modules' bfloat16 GEMMs (oneDNN; AMX where there is
-    # one): the row kernels' cost grows with the rows, and on the Intel Xeon with AMX a flush of 128
-    # rows took 1.16 ms on them and 1.32 on the modules, of 512 rows 4.84 and 2.84 (a prompt, or the
-    # positions a probe finds staged since the last draft)
-    max_context_rows = 128
 
     @staticmethod
     def fits(drafter) -> bool:

@@ -318,6 +318,14 @@ class DraftKVCache:
         start, end = int(positions[0]), int(positions[-1]) + 1
         if end - start != positions.numel() or target_hidden.shape[0] != end - start:
             raise ValueError("positions must be contiguous, one per feature row")
+        self.stage(slot, start, target_hidden)
+
+    def stage(self, slot: int, start: int, target_hidden: torch.Tensor) -> None:
+        """`append` for positions start, start + 1, ... one per row of target_hidden [n, m*H], without
+        a positions tensor (the engine stages every request's committed rows each step)."""
+        end = start + target_hidden.shape[0]
+        if end == start:
+            return
         if start > self.lengths[slot] or end > self.max_len:
             raise ValueError(f"slot {slot}: cannot write [{start}, {end}) with length "
                              f"{self.lengths[slot]}, capacity {self.max_len}")

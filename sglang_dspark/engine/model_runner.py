@@ -90,5 +90,4 @@ class ModelRunner:
         `hidden`, anchor first) extend the drafter's context. The target's cache needs nothing:
         rejected positions are past the KV length and are overwritten later."""
         if self.draft_cache is not None:
-            positions = torch.arange(row.anchor_pos, row.anchor_pos + num_accepted + 1)
-            self.draft_cache.append(row.slot, positions, hidden[: num_accepted + 1])
+            self.draft_cache.stage(row.slot, row.anchor_pos, hidden[: num_accepted + 1])

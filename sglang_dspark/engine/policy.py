@@ -31,7 +31,7 @@ MODES = ("target", "full", "scheduled")
 SOURCES = ("flat", "profile", "profile+online", "seeded+online", "online")
 EXPLORE_SLACK = 0.9  # explore unless the best case is >10 % short of paying: noise must not prune
 
-LEARNER_FIT_SHARE = 0.005  # the learner refits at most 0.5 % of the engine thread's step time
+LEARNER_FIT_SHARE = 0.002  # the learner refits at most 0.2 % of the engine thread's step time (a fit: about 4 ms)
 
 @dataclass(frozen=True)
 class DraftPlan:

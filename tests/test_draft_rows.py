@@ -138,3 +138,35 @@ def test_only_the_formats_that_run_the_row_kernels_draft_on_them(fmt):
     assert plain.rows is None
     assert "rows" not in "".join(drafter.state_dict())  # the int8 copies are never saved
 
+
+
+@needs_kernels
+@pytest.mark.parametrize("hot", [False, True])
+def test_the_greedy_chain_drafts_what_the_per_position_loop_drafts(hot):
+    """markov_argmax_chain (all gamma positions in one call) against the loop it replaces, the same
+    float32 Markov bias: the same tokens, over the whole vocabulary and over a hot one (whose
+    column s is token vocab[s], the id the next position's Markov bias reads)."""
+    drafter = _drafter()
+    if hot:
+        drafter.set_draft_vocab(torch.arange(1, drafter.lm_head_weight.shape[0], 2))
+    drafter.rows = DraftRows(drafter, cpu_rows.ops())
+    chain_cache, loop_cache = _filled_caches(drafter)
+    anchors, anchor_pos = torch.tensor([5, 7, 9]), torch.tensor(CONTEXT)
+    chained = drafter.draft(chain_cache, [0, 1, 2], anchors, anchor_pos, sampler=argmax_sampler)
+    looped = drafter.draft(loop_cache, [0, 1, 2], anchors, anchor_pos, sampler=lambda x, k: argmax_sampler(x, k))
+    assert chained.probs is None and torch.equal(chained.tokens, looped.tokens)
+    assert torch.equal(chained.conf_logits, looped.conf_logits)
+    if hot:
+        assert bool(torch.isin(chained.tokens, drafter.draft_vocab).all())
+
+
+@needs_kernels
+def test_the_greedy_chain_refuses_bad_operands_with_a_reason():
+    ops = cpu_rows.ops()
+    base, w1, w2 = torch.zeros(1, 2, 4), torch.zeros(4, 16).to(torch.bfloat16), torch.zeros(4, 16)
+    empty = torch.empty(0, dtype=torch.long)
+    assert ops.markov_argmax_chain(base, w1, w2, empty, torch.tensor([3])).shape == (1, 2)
+    with pytest.raises(RuntimeError, match="anchor 0 out of range"):
+        ops.markov_argmax_chain(base, w1, w2, empty, torch.tensor([4]))
+    with pytest.raises(RuntimeError, match="w2"):
+        ops.markov_argmax_chain(base, w1, torch.zeros(3, 16), empty, torch.tensor([0]))

@@ -21,7 +21,7 @@ from torch import nn
 from sglang_dspark.drafter.config import DSparkDraftConfig
 from sglang_dspark.drafter.heads import MARKOV_HEADS, ConfidenceHead
 from sglang_dspark.drafter.layers import DraftDecoderLayer, rope_cos_sin
-from sglang_dspark.drafter.sampling import Sampler, temperature_sampler
+from sglang_dspark.drafter.sampling import Sampler, argmax_sampler, temperature_sampler
 
 
 @dataclass
@@ -236,12 +236,26 @@ class DSparkDrafter(nn.Module):
         else:
             hidden = self._backbone_from_cache(cache, slot_index, anchor_pos, block_ids, pos)
             base = self.base_logits(hidden, self._vocab_lm_head)  # [R, G, V], or [R, G, S] over a draft vocabulary
-        vocab = self.draft_vocab
+        chain = rows.greedy_chain(base, anchors) if rows is not None and sampler is argmax_sampler else None
+        if chain is not None:  # every position's argmax in one kernel call: no per-position Python
+            tokens, probs = chain, None
+        else:
+            tokens, probs = self._sequential_stage(base, hidden, anchors, sampler, rows)
+        prev_tokens = torch.cat([anchors[:, None], tokens[:, :-1]], dim=1)
+        if rows is not None and self.confidence_head is not None:
+            conf_logits = rows.confidence(hidden, self._prev_embeddings(prev_tokens))
+        else:
+            conf_logits = self.confidence(hidden, prev_tokens)
+        return DraftOutput(tokens=tokens, probs=probs, conf_logits=conf_logits)
 
+    def _sequential_stage(self, base, hidden, anchors, sampler, rows):
+        """The Markov bias and a sample, position after position: (tokens [R, G], the distributions
+        sampled from [R, G, V] or None)."""
+        vocab = self.draft_vocab
         tokens, probs = [], []
         prev = anchors
         state = self.markov_head.init_state(hidden[:, 0]) if self.markov_head is not None else None
-        for k in range(g):
+        for k in range(self.gamma):
             step_logits = base[:, k]
             if self.markov_head is not None:
                 features, state = self.markov_head.step_features(prev, hidden[:, k], state)
@@ -253,16 +267,10 @@ class DSparkDrafter(nn.Module):
             prev = choice if vocab is None else vocab[choice]  # the Markov head reads real token ids
             tokens.append(prev)
             probs.append(p)
-        tokens = torch.stack(tokens, dim=1)
-        prev_tokens = torch.cat([anchors[:, None], tokens[:, :-1]], dim=1)
         if any(p is None for p in probs) and not all(p is None for p in probs):
             raise ValueError("the sampler reported probabilities for some positions of the block but not all")
         probs = None if probs[0] is None else self._expand_to_vocab(torch.stack(probs, dim=1))  # once, not per position
-        if rows is not None and self.confidence_head is not None:
-            conf_logits = rows.confidence(hidden, self._prev_embeddings(prev_tokens))
-        else:
-            conf_logits = self.confidence(hidden, prev_tokens)
-        return DraftOutput(tokens=tokens, probs=probs, conf_logits=conf_logits)
+        return torch.stack(tokens, dim=1), probs
 
     def _backbone_from_cache(self, cache, slot_index, anchor_pos, block_ids, pos) -> torch.Tensor:
         """The block's final hidden [R, G, H] through the module's own layers: the context K/V

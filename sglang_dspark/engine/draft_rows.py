@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sglang_dspark.drafter.heads import VanillaMarkov
 from sglang_dspark.drafter.layers import rope_cos_sin
 from sglang_dspark.engine.quantized_linear import Int8Linear
 
@@ -80,6 +81,9 @@ class DraftRows:
                                 dtype=torch.bfloat16)  # the drafter's own tables, as the kernel reads them
         self.cos, self.sin = cos.contiguous(), sin.contiguous()
         self.scale = cfg.head_dim ** -0.5
+        markov = drafter.markov_head  # the greedy chain's kernel knows the vanilla head only
+        self.markov_w1 = (markov.markov_w1.weight.detach().to(torch.bfloat16).contiguous()
+                          if type(markov) is VanillaMarkov else None)
         head = drafter.confidence_head  # one output: a float32 dot product, not a bfloat16 GEMM (76 us)
         self.confidence_weight = None if head is None else head.proj.weight.detach().float()[0]
         self.confidence_bias = None if head is None else head.proj.bias.detach().float()[0]
@@ -91,11 +95,12 @@ class DraftRows:
         lm_head = drafter.lm_head_weight if drafter.draft_vocab is None else drafter._vocab_lm_head
         self.lm_head = _int8(lm_head)
         head = drafter.markov_head
-        if head is None:
-            self.markov_w2 = None
-        else:
-            w2 = head.markov_w2.weight if drafter.draft_vocab is None else drafter._vocab_markov_w2
-            self.markov_w2 = _int8(w2)
+        # the Markov bias in float32 from the bfloat16 weights, the same arithmetic in the per-position
+        # loop (markov_bias) and in the greedy chain (markov_argmax_chain)
+        self.markov_w2 = None if head is None else (
+            head.markov_w2.weight if drafter.draft_vocab is None else drafter._vocab_markov_w2).detach().float().contiguous()
+        self.vocab_ids = (torch.empty(0, dtype=torch.long) if drafter.draft_vocab is None
+                          else drafter.draft_vocab.contiguous())
 
     def _rmsnorm(self, x: torch.Tensor, norm: nn.RMSNorm) -> torch.Tensor:
         return self.ops.rows_rmsnorm(x.contiguous(), norm.weight, norm.eps if norm.eps is not None else self.eps)
@@ -150,5 +155,13 @@ class DraftRows:
         return features.float() @ self.confidence_weight + self.confidence_bias
 
     def markov_bias(self, features: torch.Tensor) -> torch.Tensor:
-        """W2 features over the draft vocabulary's rows: [R, V or S] (bfloat16)."""
-        return self.markov_w2(features)
+        """W2 features over the draft vocabulary's rows: [R, V or S] (float32)."""
+        return features.float() @ self.markov_w2.T
+
+    def greedy_chain(self, base: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor | None:
+        """Every position's argmax draft [R, G] (token ids) in one kernel call, for a vanilla Markov
+        head (base: float32 logits [R, G, V or S]); None for another head (the loop drafts)."""
+        if self.markov_w1 is None:
+            return None
+        return self.ops.markov_argmax_chain(base.contiguous(), self.markov_w1, self.markov_w2, self.vocab_ids,
+                                            anchors.contiguous())

@@ -161,6 +161,8 @@ class SamplingBatch:
         positions would pay, and without their one-hots, which verifying an all-greedy batch
         (argmax against argmax) never reads."""
         if bool(self.greedy.all()):
+            if self.bias is None:  # argmax_sampler itself: the drafter may run its whole greedy chain at once
+                return argmax_sampler
             return lambda logits, k: argmax_sampler(self.biased(logits, vocab=vocab), k)
 
         def sample(logits: torch.Tensor, k: int):

@@ -12,6 +12,7 @@
 //   its slot's cache, float32 accumulation, one thread per (row, kv head).
 // rows_rmsnorm, rows_add_rmsnorm, rows_rope_store, rows_silu_mul: a decoder layer's elementwise
 //   parts, row by row, in float32 rounded once to bfloat16.
+// markov_argmax_chain: the drafter's greedy sequential stage (vanilla Markov head), every position.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -491,6 +492,60 @@ at::Tensor rows_rope_store(const at::Tensor& qkv, const at::Tensor& cos, const a
   return q;
 }
 
+// The vanilla Markov head's sequential stage for greedy drafting, all gamma positions in one call:
+// for request r and block position k, logits = base[r, k, :] + W2 W1[prev] (W2: the draft
+// vocabulary's rows, float32 dot products of the bfloat16 embedding row), the token the first
+// largest logit's (vocab[s] over a draft vocabulary), which is prev at k + 1 (the anchor at k = 0).
+// Returns int64 [R, G] token ids.
+at::Tensor markov_argmax_chain(const at::Tensor& base, const at::Tensor& w1, const at::Tensor& w2,
+                               const at::Tensor& vocab, const at::Tensor& anchors) {
+  TORCH_CHECK(base.dim() == 3 && base.scalar_type() == at::kFloat && base.is_contiguous(), "base: contiguous float32 [R, G, S]");
+  TORCH_CHECK(w1.dim() == 2 && w1.scalar_type() == at::kBFloat16 && w1.is_contiguous(), "w1: contiguous bfloat16 [V, rank]");
+  TORCH_CHECK(w2.dim() == 2 && w2.scalar_type() == at::kFloat && w2.is_contiguous() && w2.size(0) == base.size(2) &&
+                  w2.size(1) == w1.size(1),
+              "w2: contiguous float32 [S, rank]");
+  TORCH_CHECK(vocab.scalar_type() == at::kLong && vocab.is_contiguous() && (vocab.numel() == 0 || vocab.numel() == base.size(2)),
+              "vocab: int64 [S], or empty for the whole vocabulary");
+  TORCH_CHECK(anchors.scalar_type() == at::kLong && anchors.is_contiguous() && anchors.numel() == base.size(0),
+              "anchors: int64 [R]");
+  const int64_t R = base.size(0), G = base.size(1), S = base.size(2), V = w1.size(0), rank = w1.size(1);
+  TORCH_CHECK(S > 0 && (vocab.numel() > 0 || S == V), "an empty vocabulary, or base's width is not w1's rows");
+  const auto* A = anchors.data_ptr<int64_t>();
+  const auto* ids = vocab.numel() ? vocab.data_ptr<int64_t>() : nullptr;
+  for (int64_t r = 0; r < R; ++r) TORCH_CHECK(A[r] >= 0 && A[r] < V, "anchor ", r, " out of range");
+  for (int64_t s = 0; ids && s < S; ++s) TORCH_CHECK(ids[s] >= 0 && ids[s] < V, "vocab entry ", s, " out of range");
+  at::Tensor out = at::empty({R, G}, anchors.options());
+  const auto* B = base.data_ptr<float>();
+  const auto* W1 = reinterpret_cast<const uint16_t*>(w1.data_ptr<at::BFloat16>());
+  const auto* W2 = w2.data_ptr<float>();
+  auto* O = out.data_ptr<int64_t>();
+  at::parallel_for(0, R, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> e(rank);
+    for (int64_t r = begin; r < end; ++r) {
+      int64_t prev = A[r];
+      for (int64_t k = 0; k < G; ++k) {
+        for (int64_t j = 0; j < rank; ++j) e[j] = bf16_to_float_scalar(W1[prev * rank + j]);
+        const float* logits = B + (r * G + k) * S;
+        float best = -INFINITY;
+        int64_t arg = 0;
+        for (int64_t s = 0; s < S; ++s) {
+          const float* w = W2 + s * rank;
+          __m512 acc = _mm512_setzero_ps();
+          int64_t j = 0;
+          for (; j + 16 <= rank; j += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(w + j), _mm512_loadu_ps(e.data() + j), acc);
+          float v = _mm512_reduce_add_ps(acc);
+          for (; j < rank; ++j) v += w[j] * e[j];
+          v += logits[s];
+          if (v > best) { best = v; arg = s; }
+        }
+        prev = ids ? ids[arg] : arg;
+        O[r * G + k] = prev;
+      }
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(dspark_cpu_rows, m) {
@@ -501,6 +556,7 @@ TORCH_LIBRARY(dspark_cpu_rows, m) {
   m.def("rows_silu_mul(Tensor gate_up) -> Tensor");
   m.def("rows_rope_store(Tensor qkv, Tensor cos, Tensor sin, Tensor positions, Tensor row_slot, Tensor(a!) kv, int heads, int kv_heads) -> Tensor");
   m.def("rows_attention(Tensor q, Tensor kv, Tensor row_slot, Tensor row_keys, float scale) -> Tensor");
+  m.def("markov_argmax_chain(Tensor base, Tensor w1, Tensor w2, Tensor vocab, Tensor anchors) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(dspark_cpu_rows, CPU, m) {
@@ -511,4 +567,5 @@ TORCH_LIBRARY_IMPL(dspark_cpu_rows, CPU, m) {
   m.impl("rows_silu_mul", &rows_silu_mul);
   m.impl("rows_rope_store", &rows_rope_store);
   m.impl("rows_attention", &rows_attention);
+  m.impl("markov_argmax_chain", &markov_argmax_chain);
 }

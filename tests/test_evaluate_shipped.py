@@ -28,3 +28,15 @@ def test_bfloat16_speculative_decoding_of_one_request_equals_plain_decoding(smol
     result = greedy_equality(smollm2_dir, DRAFT, num_prompts=6, max_new_tokens=64, weight_format="bfloat16",
                              max_running=1, reference="target")
     assert result["all_equal"], [r for r in result["prompts"] if not r["equal"]]
+
+
+@pytest.mark.slow
+def test_int4_speculative_decoding_equals_plain_decoding_with_the_drafter_on_the_row_kernels(smollm2_dir):
+    """int4, the default on a CPU with native bfloat16 dot products: the target's decode and verify
+    rows and (where the row kernels run) the drafter's block, its greedy chain included
+    (engine/draft_rows.py), go through kernels/cpu_rows.cpp. Every draft verified, one request at a
+    time: speculative output equals our own plain int4 decoding token for token."""
+    result = greedy_equality(smollm2_dir, DRAFT, num_prompts=6, max_new_tokens=64, weight_format="int4",
+                             max_running=1, reference="target")
+    assert result["all_equal"], [r for r in result["prompts"] if not r["equal"]]
+    assert sum(r["tau"] for r in result["prompts"]) / 6 > 1.0  # the drafter is doing real work

@@ -76,9 +76,12 @@ def test_the_rows_compute_the_modules_context_kv_backbone_and_logits(head):
 
 
 @needs_kernels
-def test_a_draft_on_the_rows_proposes_the_modules_tokens():
+@pytest.mark.parametrize("overrides", [{}, {"markov_head_type": "gated"}, {"markov_head_type": "rnn"},
+                                       {"markov_rank": 0}, {"enable_confidence_head": False}],
+                         ids=["vanilla", "gated", "rnn", "no-markov", "no-confidence"])
+def test_a_draft_on_the_rows_proposes_the_modules_tokens(overrides):
     """Whole draft calls, argmax drafts over three slots: the int8 rounding may flip a near-tie, not more."""
-    drafter = _drafter()
+    drafter = _drafter(**overrides)
     modules, rows = _filled_caches(drafter)
     anchors, anchor_pos = torch.tensor([5, 7, 9]), torch.tensor(CONTEXT)
     want = drafter.draft(modules, [0, 1, 2], anchors, anchor_pos, sampler=argmax_sampler)
@@ -100,9 +103,27 @@ def test_a_draft_whose_cache_runs_past_its_anchor_goes_through_the_modules():
     before = rows.kv.clone()
     got = drafter.draft(rows, [0, 1, 2], anchors, early, sampler=argmax_sampler)
     assert torch.equal(rows.kv, before)  # nothing written over the cached context
-    drafter.rows = None
-    want = drafter.draft(modules, [0, 1, 2], anchors, early, sampler=argmax_sampler)
+    rows_path, drafter.rows = drafter.rows, None
+    want = drafter.draft(rows, [0, 1, 2], anchors, early, sampler=argmax_sampler)  # the modules, same cache
     assert torch.equal(got.tokens, want.tokens)
+    drafter.rows = rows_path
+    small = DraftKVCache(drafter, num_slots=1, max_len=CONTEXT[0] + 2)  # a block would run past its end
+    small.append(0, torch.arange(CONTEXT[0]), torch.randn(CONTEXT[0], drafter.fc.in_features).to(torch.bfloat16))
+    assert drafter.draft(small, [0], anchors[:1], torch.tensor(CONTEXT[:1]), sampler=argmax_sampler).tokens.shape == (1, 4)
+
+
+@needs_kernels
+def test_a_block_past_the_models_last_position_drafts_on_the_rows():
+    """The engine's cache holds gamma + 1 positions past the model's length, and a draft block near
+    the end runs into them: the rows' RoPE tables cover every position of the cache."""
+    drafter = _drafter()
+    drafter.rows = DraftRows(drafter, cpu_rows.ops())
+    limit = drafter.config.max_position_embeddings
+    cache = DraftKVCache(drafter, num_slots=1, max_len=limit + drafter.gamma + 1)
+    n = limit - 1
+    cache.append(0, torch.arange(n), torch.randn(n, drafter.fc.in_features).to(torch.bfloat16))
+    out = drafter.draft(cache, [0], torch.tensor([5]), torch.tensor([n]), sampler=argmax_sampler)
+    assert out.tokens.shape == (1, drafter.gamma)
 
 
 @needs_kernels
@@ -147,9 +168,9 @@ def test_the_greedy_chain_drafts_what_the_per_position_loop_drafts(hot):
     float32 Markov bias: the same tokens, over the whole vocabulary and over a hot one (whose
     column s is token vocab[s], the id the next position's Markov bias reads)."""
     drafter = _drafter()
-    if hot:
-        drafter.set_draft_vocab(torch.arange(1, drafter.lm_head_weight.shape[0], 2))
     drafter.rows = DraftRows(drafter, cpu_rows.ops())
+    if hot:  # set once the rows exist: they follow it
+        drafter.set_draft_vocab(torch.arange(1, drafter.lm_head_weight.shape[0], 2))
     chain_cache, loop_cache = _filled_caches(drafter)
     anchors, anchor_pos = torch.tensor([5, 7, 9]), torch.tensor(CONTEXT)
     chained = drafter.draft(chain_cache, [0, 1, 2], anchors, anchor_pos, sampler=argmax_sampler)
@@ -170,3 +191,15 @@ def test_the_greedy_chain_refuses_bad_operands_with_a_reason():
         ops.markov_argmax_chain(base, w1, w2, empty, torch.tensor([4]))
     with pytest.raises(RuntimeError, match="w2"):
         ops.markov_argmax_chain(base, w1, torch.zeros(3, 16), empty, torch.tensor([0]))
+
+
+@needs_kernels
+def test_a_float32_cache_projects_its_context_through_the_modules():
+    """The row kernels read and write bfloat16 caches only: a float32 cache flushes and drafts
+    through the modules even where the drafter has rows."""
+    drafter = _drafter()
+    drafter.rows = DraftRows(drafter, cpu_rows.ops())
+    cache = DraftKVCache(drafter, num_slots=1, max_len=32, dtype=torch.float32)
+    cache.append(0, torch.arange(CONTEXT[0]), torch.randn(CONTEXT[0], drafter.fc.in_features).to(torch.bfloat16))
+    out = drafter.draft(cache, [0], torch.tensor([5]), torch.tensor(CONTEXT[:1]), sampler=argmax_sampler)
+    assert out.tokens.shape == (1, drafter.gamma) and bool(cache.kv[:, :, 0, :, : CONTEXT[0]].abs().sum() > 0)

@@ -150,10 +150,12 @@ def test_the_fit_worker_dies_with_its_scheduler_even_when_a_fork_of_it_holds_the
     assert exited, f"fit worker {pid} outlived its parent by 120 s while a fork held its socket"
 
 
-def test_a_worker_whose_scheduler_died_before_it_started_exits():
+@pytest.mark.parametrize("config_sent", [True, False])
+def test_a_worker_whose_scheduler_died_before_it_started_exits(config_sent):
     """The scheduler may be SIGKILLed before its child has run a line (a loaded host, a nice-10 child):
     the child then already has its new parent, so it must compare with the pid it was given, not
-    with whatever parent it first sees. Here that pid is a process that has exited; the child's
+    with whatever parent it first sees; and it may die before sending the config, which the child
+    must not wait for forever either. Here that pid is a process that has exited; the child's
     socket stays open, so only the parent check can end it."""
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait(60)
@@ -163,7 +165,8 @@ def test_a_worker_whose_scheduler_died_before_it_started_exits():
     theirs.close()
     conn = Connection(ours.detach())
     try:
-        conn.send_bytes(pickle.dumps(("config", {}, None)))
+        if config_sent:
+            conn.send_bytes(pickle.dumps(("config", {}, None)))
         child.wait(120)
     except subprocess.TimeoutExpired:
         child.kill()

@@ -371,7 +371,7 @@ class DraftKVCache:
                      + torch.arange(hidden.shape[0], device=device) - first)
         slot_index = torch.repeat_interleave(torch.tensor([slot for slot, _, _ in pieces], device=device), lens,
                                              output_size=hidden.shape[0])
-        if self.drafter.rows is not None:  # one pass per layer on the row kernels
+        if self.drafter.rows is not None and self.kv.dtype == torch.bfloat16:  # one pass per layer on the row kernels
             self.drafter.rows.store_context(self.kv, hidden, positions, slot_index)
         else:
             k_all, v_all = self.k, self.v

@@ -53,7 +53,9 @@ class _Layer:
 
 
 class DraftRows:
-    """A drafter's weights repacked for the row kernels, and its three inference passes. Context
+    """A drafter's weights repacked for the row kernels, and its three inference passes. The Linear,
+    Markov W1 and confidence weights are copies taken at construction (norm weights are read live):
+    load new weights into a drafter before building its DraftRows, not after. Context
     flushes of any size take the row kernels too: the modules' bfloat16 GEMM was faster for 512 warm
     rows (2.8 ms against 4.8) but oneDNN builds a kernel for every new row count, and a flush's count
     is new almost every time (in the engine 260 rows took 18 ms through the modules).
@@ -77,9 +79,8 @@ class DraftRows:
         self.eps = cfg.rms_norm_eps
         self.fc, self.hidden_norm, self.norm = _int8(drafter.fc.weight), drafter.hidden_norm, drafter.norm
         self.layers = [_Layer(layer) for layer in drafter.layers]
-        cos, sin = rope_cos_sin(torch.arange(cfg.max_position_embeddings), cfg.head_dim, cfg.rope_theta,
-                                dtype=torch.bfloat16)  # the drafter's own tables, as the kernel reads them
-        self.cos, self.sin = cos.contiguous(), sin.contiguous()
+        self.head_dim, self.rope_theta = cfg.head_dim, cfg.rope_theta
+        self._rope_tables(cfg.max_position_embeddings)
         self.scale = cfg.head_dim ** -0.5
         markov = drafter.markov_head  # the greedy chain's kernel knows the vanilla head only
         self.markov_w1 = (markov.markov_w1.weight.detach().to(torch.bfloat16).contiguous()
@@ -102,6 +103,18 @@ class DraftRows:
         self.vocab_ids = (torch.empty(0, dtype=torch.long) if drafter.draft_vocab is None
                           else drafter.draft_vocab.contiguous())
 
+    def _rope_tables(self, positions: int) -> None:
+        """The drafter's own RoPE tables for positions 0 .. positions - 1, as the kernel reads them."""
+        cos, sin = rope_cos_sin(torch.arange(positions), self.head_dim, self.rope_theta, dtype=torch.bfloat16)
+        self.cos, self.sin = cos.contiguous(), sin.contiguous()
+
+    def _cover(self, kv: torch.Tensor) -> None:
+        """Tables for every position of the cache `kv` holds: a draft block runs past the model's
+        last position (the engine's cache has gamma + 1 more), and a drafter's
+        max_position_embeddings may be smaller than its target's."""
+        if self.cos.shape[0] < kv.shape[-2]:
+            self._rope_tables(kv.shape[-2])
+
     def _rmsnorm(self, x: torch.Tensor, norm: nn.RMSNorm) -> torch.Tensor:
         return self.ops.rows_rmsnorm(x.contiguous(), norm.weight, norm.eps if norm.eps is not None else self.eps)
 
@@ -115,6 +128,7 @@ class DraftRows:
         """Project target features hidden [n, m*H] into every layer's K/V and write them at
         (slots, positions) of `kv` [layers, 2, slots, kv_heads, max_len, head_dim]
         (DSparkDrafter.context_kv's arithmetic)."""
+        self._cover(kv)
         ctx = self._rmsnorm(self.fc(hidden.to(torch.bfloat16)), self.hidden_norm)
         positions, slots = positions.contiguous(), slots.contiguous()
         for i, layer in enumerate(self.layers):
@@ -130,6 +144,7 @@ class DraftRows:
         """Final normed hidden [T, H] of the block rows x [T, H] (embedded) at `positions` of
         `slots`; row t attends to its slot's keys < keys[t], the block's own K/V written at its
         positions first (DSparkDrafter.backbone's arithmetic)."""
+        self._cover(kv)
         positions, slots, keys = positions.contiguous(), slots.contiguous(), keys.contiguous()
         for i, layer in enumerate(self.layers):
             h = self._rmsnorm(x, layer.input_norm)

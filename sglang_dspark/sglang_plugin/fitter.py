@@ -157,9 +157,19 @@ class FitWorker:
             self.conn.close()
 
 
+def _parent_left(conn: Connection, parent: int) -> bool:
+    """Wait for a message (or EOF) from the parent; True if the parent died first (reparented)."""
+    while not conn.poll(PARENT_CHECK_S):  # EOF and data both end the wait
+        if os.getppid() != parent:  # the scheduler is gone, a fork of it holds the socket
+            return True
+    return False
+
+
 def _serve(conn: Connection, parent: int) -> None:
     from sglang_dspark.core.sps_online import OnlineSpsEstimator
 
+    if _parent_left(conn, parent):  # killed before it sent the config
+        return
     kind, config, export = pickle.loads(conn.recv_bytes())
     assert kind == "config", kind
     estimator = OnlineSpsEstimator(**config)
@@ -174,9 +184,8 @@ def _serve(conn: Connection, parent: int) -> None:
 
     send(("ready",))
     while True:
-        while not conn.poll(PARENT_CHECK_S):  # EOF and data both end the wait
-            if os.getppid() != parent:  # reparented: the scheduler is gone, a fork of it holds the socket
-                return
+        if _parent_left(conn, parent):
+            return
         try:
             _, rows, steps = pickle.loads(conn.recv_bytes())
         except EOFError:  # the parent closed its end or died

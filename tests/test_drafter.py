@@ -196,3 +196,28 @@ def test_staged_appends_flush_like_eager_writes_across_slots():
     for slot, n in enumerate(lazy.lengths):
         assert torch.allclose(lazy.k[:, slot, :n], eager.k[:, slot, :n], atol=1e-6)
         assert torch.allclose(lazy.v[:, slot, :n], eager.v[:, slot, :n], atol=1e-6)
+
+
+def test_decode_rows_are_staged_in_place_and_a_full_buffer_flushes_first():
+    """A decode step's rows are copied into the slot's staging buffer (the step's hidden-state
+    tensor is not kept alive until the next draft), and a slot undrafted for more steps than the
+    buffer holds projects what it has first: the cache ends up as eager projection leaves it."""
+    from sglang_dspark.drafter.model import STAGE_ROWS
+
+    torch.manual_seed(0)
+    drafter = tiny_drafter()
+    feat = len(drafter.config.target_layer_ids) * drafter.config.hidden_size
+    n = STAGE_ROWS + 40
+    rows = torch.randn(n, feat)
+    staged = DraftKVCache(drafter, num_slots=2, max_len=n + 8)
+    eager = DraftKVCache(drafter, num_slots=2, max_len=n + 8)
+    for t in range(n):
+        step = rows[t : t + 1].clone()
+        staged.stage(1, t, step)
+        step.zero_()  # the step's tensor is reused or freed: the staged copy must not change
+        eager.stage(1, t, rows[t : t + 1])
+        eager.flush()
+    assert len(staged._staged[1]) == 1 and staged._staged[1][0][1].shape[0] == n - STAGE_ROWS  # flushed once, full
+    staged.flush()
+    torch.testing.assert_close(staged.k[:, 1, :n], eager.k[:, 1, :n])
+    torch.testing.assert_close(staged.v[:, 1, :n], eager.v[:, 1, :n])

@@ -284,6 +284,9 @@ class DSparkDrafter(nn.Module):
         return self.backbone(block_ids, pos, ctx_kv, mask)
 
 
+STAGE_ROWS = 512  # per slot: decode rows staged in place between drafts (DraftKVCache)
+
+
 class DraftKVCache:
     """Preallocated context K/V of every draft layer, per slot (request).
 
@@ -309,6 +312,12 @@ class DraftKVCache:
         self.max_len = max_len
         # Per slot: disjoint (start, features [n, m*H]) pieces in ascending order, not yet projected.
         self._staged: list[list[tuple[int, torch.Tensor]]] = [[] for _ in range(num_slots)]
+        # Decode steps' rows are copied into a per-slot buffer, not kept as views of each step's
+        # hidden-state tensor: thousands of small step tensors kept alive until the next draft
+        # fragmented the heap, and the default's plain steps ran 4.5 % slower than target-only's at
+        # C = 4. A slot's buffer holds its last piece, from row 0; pages are committed as written.
+        feat = len(cfg.target_layer_ids) * cfg.hidden_size
+        self._buf = zeros((num_slots, STAGE_ROWS, feat), dtype=dtype, device=device)
 
     @property
     def k(self) -> torch.Tensor:
@@ -339,7 +348,23 @@ class DraftKVCache:
                              f"{self.lengths[slot]}, capacity {self.max_len}")
         if start < self.lengths[slot]:  # a rewrite: staged pieces all lie below the length, so only then
             self._drop_staged_from(slot, start)  # (the engine appends at the end every step)
-        self._staged[slot].append((start, target_hidden))
+        n = end - start
+        if n <= STAGE_ROWS // 4:  # a decode step's rows: copied into the slot's buffer
+            row0 = self._buf[slot]
+            pieces = self._staged[slot]
+            last = pieces[-1] if pieces and pieces[-1][1].data_ptr() == row0.data_ptr() else None
+            if last is None or last[0] + last[1].shape[0] != start or last[1].shape[0] + n > STAGE_ROWS:
+                if any(h.data_ptr() == row0.data_ptr() for _, h in pieces):
+                    self.flush([slot])  # the buffer is taken: full, or its piece is not contiguous with these rows
+                last = None
+            used = 0 if last is None else last[1].shape[0]
+            self._buf[slot, used : used + n] = target_hidden
+            if last is None:
+                self._staged[slot].append((start, self._buf[slot, :n]))
+            else:
+                self._staged[slot][-1] = (last[0], self._buf[slot, : used + n])
+        else:  # a prompt chunk: its own tensor, kept until projected
+            self._staged[slot].append((start, target_hidden))
         self.lengths[slot] = end
 
     def truncate(self, slot: int, length: int) -> None:

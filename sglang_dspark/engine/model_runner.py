@@ -52,6 +52,7 @@ class ModelRunner:
             for slot in range(len(self.draft_cache.lengths)):
                 self.draft_cache.truncate(slot, 0)  # staged features pin their steps' hidden states
             release_on_demand(self.draft_cache.kv)
+            release_on_demand(self.draft_cache._buf)
 
     def prefill(self, chunks: list[tuple[int, int, list[int]]], all_logits: bool = False) -> torch.Tensor:
         """Run prompt chunks (slot, start, token ids); logits [len(chunks), V] of each chunk's last

@@ -216,7 +216,8 @@ class DSparkDrafter(nn.Module):
         anchors = anchors.to(device=device, dtype=torch.long)
         anchor_pos = anchor_pos.to(device=device, dtype=torch.long)
         r, g = len(slots), self.gamma
-        for slot, p in zip(slots, anchor_pos.tolist()):
+        anchor_list = anchor_pos.tolist()
+        for slot, p in zip(slots, anchor_list):
             if cache.length(slot) < p:
                 raise ValueError(f"slot {slot} holds {cache.length(slot)} context positions, anchor at {p}")
         cache.flush(slots)
@@ -227,7 +228,7 @@ class DSparkDrafter(nn.Module):
         # the rows write the block's K/V to the cache positions it occupies: only past each slot's
         # context (the engine's case) and inside the cache, else the modules draft
         rows = self.rows if self.rows is not None and cache.kv.dtype == torch.bfloat16 and all(
-            cache.length(slot) == p and p + g <= cache.max_len for slot, p in zip(slots, anchor_pos.tolist())) else None
+            cache.length(slot) == p and p + g <= cache.max_len for slot, p in zip(slots, anchor_list)) else None
         if rows is not None:  # each row attends to its slot's first anchor + gamma keys: no gather, no mask
             x = F.embedding(block_ids.view(-1), self.embed_weight).to(torch.bfloat16)
             keys = (anchor_pos + g).repeat_interleave(g)
@@ -313,9 +314,10 @@ class DraftKVCache:
         # Per slot: disjoint (start, features [n, m*H]) pieces in ascending order, not yet projected.
         self._staged: list[list[tuple[int, torch.Tensor]]] = [[] for _ in range(num_slots)]
         # Decode steps' rows are copied into a per-slot buffer, not kept as views of each step's
-        # hidden-state tensor: thousands of small step tensors kept alive until the next draft
-        # fragmented the heap, and the default's plain steps ran 4.5 % slower than target-only's at
-        # C = 4. A slot's buffer holds its last piece, from row 0; pages are committed as written.
+        # hidden-state tensor: with every step's tensor kept alive until the next draft the default's
+        # plain steps ran 4.5 % slower than target-only's at C = 4 (heap fragmentation, most likely;
+        # a diagnostic without staging ran even). A slot's buffer holds its last piece, from row 0;
+        # pages are committed as written.
         feat = len(cfg.target_layer_ids) * cfg.hidden_size
         self._buf = zeros((num_slots, STAGE_ROWS, feat), dtype=dtype, device=device)
 

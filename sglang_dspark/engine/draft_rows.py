@@ -58,9 +58,7 @@ class DraftRows:
     load new weights into a drafter before building its DraftRows, not after. Context
     flushes of any size take the row kernels too: the modules' bfloat16 GEMM was faster for 512 warm
     rows (2.8 ms against 4.8) but oneDNN builds a kernel for every new row count, and a flush's count
-    is new almost every time (in the engine 260 rows took 18 ms through the modules).
-"""
-
+    is new almost every time (in the engine 260 rows took 18 ms through the modules)."""
 
     @staticmethod
     def fits(drafter) -> bool:
@@ -115,8 +113,11 @@ class DraftRows:
         if self.cos.shape[0] < kv.shape[-2]:
             self._rope_tables(kv.shape[-2])
 
+    def _eps(self, norm: nn.RMSNorm) -> float:
+        return norm.eps if norm.eps is not None else self.eps
+
     def _rmsnorm(self, x: torch.Tensor, norm: nn.RMSNorm) -> torch.Tensor:
-        return self.ops.rows_rmsnorm(x.contiguous(), norm.weight, norm.eps if norm.eps is not None else self.eps)
+        return self.ops.rows_rmsnorm(x.contiguous(), norm.weight, self._eps(norm))
 
     def _head_norm(self, x: torch.Tensor, norm: nn.RMSNorm, heads: int, head_dim: int) -> torch.Tensor:
         """Per-head RMSNorm of x [T, heads * head_dim] (q_norm / k_norm)."""
@@ -156,7 +157,7 @@ class DraftRows:
             q = self.ops.rows_rope_store(rows, self.cos, self.sin, positions, slots, kv[i], layer.heads, layer.kv_heads)
             attn = self.ops.rows_attention(q, kv[i], slots, keys, self.scale)
             x, h = self.ops.rows_add_rmsnorm(x.contiguous(), layer.o(attn), layer.post_norm.weight,
-                                             layer.post_norm.eps if layer.post_norm.eps is not None else self.eps)
+                                             self._eps(layer.post_norm))
             x = x + layer.down(self.ops.rows_silu_mul(layer.gate_up(h)))
         return self._rmsnorm(x, self.norm)
 

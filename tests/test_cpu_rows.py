@@ -75,7 +75,7 @@ def test_q8_rows_mm_is_int8_weights_times_q8_1_rows():
 @pytest.mark.parametrize("kind", [Int4Linear, Int8Linear])
 def test_a_rows_bits_do_not_depend_on_the_rows_beside_it_or_the_threads(kind):
     """At SmolLM2's fused shapes and the lm_head's: every row alone, in blocks of every width up to 17
-    (across the kernel's 8-row tiles), among random others, in one thread and two."""
+    (across the kernel's tiles of at most 6 rows), among random others, in one thread and two."""
     torch.manual_seed(0)
     threads = torch.get_num_threads()
     try:

@@ -106,7 +106,7 @@ def _attention_reference(q, kv, slots, keys) -> torch.Tensor:
 
 
 @needs_kernels
-@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (4, 4, 32), (8, 2, 128), (4, 2, 8), (2, 1, 40)])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (4, 4, 32), (8, 2, 128), (4, 2, 8), (2, 1, 40), (32, 2, 256)])
 def test_rows_attention_is_softmax_attention_over_each_rows_own_keys(heads, kv_heads, head_dim):
     g = torch.Generator().manual_seed(heads)
     kv = (torch.randn(2, 3, kv_heads, 300, head_dim, generator=g) * 2).bfloat16()
@@ -124,13 +124,15 @@ def test_rows_attention_is_softmax_attention_over_each_rows_own_keys(heads, kv_h
 
 
 @needs_kernels
-def test_rows_attention_rows_do_not_depend_on_what_shares_the_call():
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (32, 2, 256)])  # SmolLM2's; the kernel's limits
+def test_rows_attention_rows_do_not_depend_on_what_shares_the_call(heads, kv_heads, head_dim):
     g = torch.Generator().manual_seed(0)
-    kv = torch.randn(2, 4, 3, 600, 64, generator=g).bfloat16()
+    kv = torch.randn(2, 4, kv_heads, 600, head_dim, generator=g).bfloat16()
     T = 24
     slots = torch.randint(0, 4, (T,), generator=g)
     keys = torch.randint(1, 601, (T,), generator=g)
-    q = torch.randn(T, 9, 64, generator=g).bfloat16()
+    keys[:4] = torch.tensor([15, 16, 17, 33])  # a last group of 16 keys that is short, full, just begun
+    q = torch.randn(T, heads, head_dim, generator=g).bfloat16()
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)

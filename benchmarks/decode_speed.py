@@ -12,6 +12,9 @@ Arms (`--arms`):
 - `seeded`: scheduled on `--seed-profile` (a profile captured on other hardware; by default a copy
   of `--profile` whose hardware field names another CPU) the way `launch` uses it on this host:
   "seeded+online". With `default` on a profile of this host, one run measures both launch paths.
+- diagnostics of what `default` pays when it drafts nothing: `dormant`, the default engine whose
+  planner never drafts (no probes either; the drafter's context is still captured and staged, the
+  policy and learner still run), and `dormant-nostage`, the same without staging that context.
 
 For each concurrency C every arm serves the same 2*C held-out chat prompts with at most C running,
 each run on a fresh engine (a run pays its own learning; with `--persistent` one engine per arm and
@@ -39,8 +42,9 @@ from pathlib import Path
 
 import torch
 from common import add_common_args, balanced_order, heldout_prompts, load_pair, serve_all
-ARMS = ("target", "full", "default", "online", "static", "seeded")
-SCHEDULED = ("default", "online", "static", "seeded")
+DORMANT = ("dormant", "dormant-nostage")
+ARMS = ("target", "full", "default", "online", "static", "seeded", *DORMANT)
+SCHEDULED = ("default", "online", "static", "seeded", *DORMANT)
 
 
 def run_mode(engine, prompts: list[list[int]], params) -> dict:
@@ -99,9 +103,16 @@ def engine_for(arm: str, pair, launch_profiles: dict, concurrency: int, model: s
     profile = resolved.profile
     sps = None if arm in ("target", "full", "online") else profile.sps_table()
     config = EngineConfig(mode=mode, max_running=concurrency, max_len=1024, learn_sps=arm != "static")
-    return Engine(target, tokenizer, drafter if mode != "target" else None, config=config, sps=sps,
-                  sts_temperatures=profile.sts_temperatures(), model_name=model,
-                  sps_seeded=arm in ("default", "seeded") and resolved.seed_only)
+    engine = Engine(target, tokenizer, drafter if mode != "target" else None, config=config, sps=sps,
+                    sts_temperatures=profile.sts_temperatures(), model_name=model,
+                    sps_seeded=arm in ("default", "seeded", *DORMANT) and resolved.seed_only)
+    if arm in DORMANT:
+        from sglang_dspark.engine.policy import NO_DRAFT
+
+        engine.policy.plan = lambda request_ids: NO_DRAFT
+        if arm == "dormant-nostage":
+            engine.runner.commit = lambda row, num_accepted, hidden: None
+    return engine
 
 
 def main() -> None:

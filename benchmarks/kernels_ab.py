@@ -16,6 +16,7 @@ Prints tables (base ms, this tree's ms, ratio) and writes benchmarks/results/ker
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import subprocess
@@ -47,7 +48,8 @@ def build_base(rev: str):
         raise SystemExit(f"{rev}: cpu_rows.cpp registers no dspark_cpu_rows library")
     path = Path(tempfile.mkdtemp()) / "cpu_rows_base.cpp"
     path.write_text(renamed)
-    load(name=f"sglang_dspark_cpu_rows_base_{abs(hash(renamed)) % 10**12}", sources=[str(path)],
+    digest = hashlib.sha256(renamed.encode()).hexdigest()[:12]  # one cached build per source, as cpu_rows.py
+    load(name=f"sglang_dspark_cpu_rows_base_{digest}", sources=[str(path)],
          extra_cflags=cpu_rows.CFLAGS, extra_ldflags=["-fopenmp"], is_python_module=False)
     return torch.ops.dspark_cpu_rows_base
 

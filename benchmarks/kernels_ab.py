@@ -4,9 +4,9 @@
 renamed op namespace, and one int4 SmolLM2-135M (30 distinct layers and the lm_head: weights stream
 from memory as in a served step) runs `TargetModel.forward_segments` on either: its `row_kernels`
 and every quantized Linear's ops swapped between the two builds call by call, alternating, so host
-load hits both alike. Cases are target_forward.py's (R requests with 200 tokens of context, B tokens
-in the step) plus the same at 1,000 tokens of context; then the parts alone: every Linear of the
-model once at M rows (the GEMMs), and 30 layers of one request's attention rows; medians of `--reps`.
+load hits both alike. The timed calls are target_forward.py's (a step of R requests with 200 or 1,000
+tokens of context and B new tokens; every Linear of the model once at M rows) and cpu_rows.py's (30
+layers of one request's attention rows), each run on one build then the other; medians of `--reps`.
 
     python benchmarks/kernels_ab.py [--base HEAD] [--reps 15] [--threads 2]
 
@@ -28,6 +28,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 from common import ROOT, load_target_format, timed, write_result
+from cpu_rows import attention_fn
+from target_forward import gemm_fn, step_fn
 
 CASES = [(1, b, 200) for b in (1, 2, 4, 6, 8, 12, 16)] + [(4, b, 200) for b in (1, 2, 4)] + \
         [(1, b, 1000) for b in (1, 8)]  # (R, tokens per request, context)
@@ -62,46 +64,13 @@ def use_ops(model, ops) -> None:
             m._ops = ops
 
 
-def step_fn(model, ops, R: int, n: int, context: int):
-    from sglang_dspark.engine.target_model import Segment
-
-    cache = model.new_kv_cache(R, context + 32)
-    g = torch.Generator().manual_seed(0)
-    use_ops(model, ops)
-    with torch.inference_mode():
-        model.forward_segments([Segment(r, 0, torch.randint(0, 49152, (context,), generator=g)) for r in range(R)],
-                               cache, logits_for="last")
-    new = [Segment(r, context, torch.randint(0, 49152, (n,), generator=g)) for r in range(R)]
-
+def on_ops(model, ops, fn):
+    """`fn` (a timed call of cpu_rows.py or target_forward.py) with the model pointed at `ops` first."""
     def run():
         use_ops(model, ops)
         with torch.inference_mode():
-            model.forward_segments(new, cache)  # rewrites the same positions: rollback is free
+            fn()
     return run
-
-
-def gemm_fn(model, ops, rows: int):
-    """Every quantized Linear of the model once at `rows` rows on `ops`."""
-    layers = [m for m in model.modules() if getattr(m, "_ops", None) is not None]
-    xs = {m.in_features: torch.randn(rows, m.in_features).bfloat16() for m in layers}
-
-    def run():
-        use_ops(model, ops)
-        with torch.inference_mode():
-            for m in layers:
-                m(xs[m.in_features])
-    return run
-
-
-def attention_fn(model, ops, rows: int, context: int):
-    """30 layers of one request's `rows` rows after `context` cached tokens on `ops`."""
-    cfg = model.config
-    H, KVH, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
-    g = torch.Generator().manual_seed(0)
-    kv = [torch.randn(2, 1, KVH, context + rows, hd, generator=g).bfloat16() for _ in range(cfg.num_hidden_layers)]
-    q = torch.randn(rows, H, hd, generator=g).bfloat16()
-    slots, keys = torch.zeros(rows, dtype=torch.long), torch.arange(context + 1, context + rows + 1)
-    return lambda: [ops.rows_attention(q, layer_kv, slots, keys, hd ** -0.5) for layer_kv in kv]
 
 
 def compare(label: str, fns: dict, reps: int, meta: dict) -> dict:
@@ -134,17 +103,17 @@ def main() -> None:
     print(f"{'R':>2} {'B':>3} {'context':>7} {'base ms':>8} {'this ms':>8} {'this/base':>9}")
     for R, n, context in CASES:
         rows.append(compare(f"{R:>2} {R * n:>3} {context:>7}",
-                            {"base": step_fn(model, base, R, n, context), "this": step_fn(model, ours, R, n, context)},
+                            {k: on_ops(model, ops, step_fn(model, R, n, context)) for k, ops in (("base", base), ("this", ours))},
                             args.reps, {"requests": R, "batch_tokens": R * n, "context": context}))
     gemms, attention = [], []
     print(f"\nevery Linear once at M rows\n{'M':>3} {'base ms':>8} {'this ms':>8} {'this/base':>9}")
     for m in GEMM_ROWS:
-        gemms.append(compare(f"{m:>3}", {"base": gemm_fn(model, base, m), "this": gemm_fn(model, ours, m)}, args.reps,
-                             {"rows": m}))
+        gemms.append(compare(f"{m:>3}", {k: on_ops(model, ops, gemm_fn(model, m)) for k, ops in (("base", base), ("this", ours))},
+                             args.reps, {"rows": m}))
     print(f"\n30 layers of attention rows\n{'rows':>4} {'context':>7} {'base ms':>8} {'this ms':>8} {'this/base':>9}")
     for n, context in ATTENTION:
-        attention.append(compare(f"{n:>4} {context:>7}", {"base": attention_fn(model, base, n, context),
-                                                           "this": attention_fn(model, ours, n, context)},
+        attention.append(compare(f"{n:>4} {context:>7}", {k: on_ops(model, ops, attention_fn(model, True, n, context))
+                                                           for k, ops in (("base", base), ("this", ours))},
                                  args.reps, {"rows": n, "context": context}))
     for name in ("base", "this"):
         one = next(r[f"{name}_ms"] for r in rows if r["requests"] == 1 and r["batch_tokens"] == 1 and r["context"] == 200)

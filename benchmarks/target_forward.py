@@ -35,14 +35,14 @@ CTX = 200
 CASES = [(1, b) for b in (1, 2, 3, 4, 6, 8, 12, 16)] + [(4, b) for b in (1, 2, 3, 4)]  # (R, tokens per request)
 
 
-def step_fn(model, R: int, n: int):
+def step_fn(model, R: int, n: int, context: int = CTX):
     from sglang_dspark.engine.target_model import Segment
 
-    cache = model.new_kv_cache(R, CTX + 32)
+    cache = model.new_kv_cache(R, context + 32)
     g = torch.Generator().manual_seed(0)
-    model.forward_segments([Segment(r, 0, torch.randint(0, 49152, (CTX,), generator=g)) for r in range(R)], cache,
+    model.forward_segments([Segment(r, 0, torch.randint(0, 49152, (context,), generator=g)) for r in range(R)], cache,
                            logits_for="last")
-    new = [Segment(r, CTX, torch.randint(0, 49152, (n,), generator=g)) for r in range(R)]
+    new = [Segment(r, context, torch.randint(0, 49152, (n,), generator=g)) for r in range(R)]
     return lambda: model.forward_segments(new, cache)  # rewrites the same positions: rollback is free
 
 

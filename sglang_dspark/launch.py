@@ -80,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "8192 for SmolLM2). The reference engine's KV cache holds max-running x max-len positions "
                         "(SmolLM2 in float32: 45 KiB per position plus 1.5 KiB of drafter context, 5.8 GiB at 16 x 8192); "
                         "memory is committed only as requests reach those positions")
+    p.add_argument("--max-queued-requests", type=int, metavar="N",
+                   help="requests that may wait for a slot (SGLang's flag); beyond it a request gets HTTP 429, and a "
+                        "request whose n choices could never all be held gets a 400 (default: 8 per slot on the "
+                        "reference engine; unbounded on SGLang)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the engine")
     p.add_argument("--served-model-name", metavar="NAME",
                    help="name clients pass as `model` (default: the zoo name, or the model directory's base name)")
@@ -232,6 +236,8 @@ def _check_ranges(args) -> None:
     for flag, value in (("--max-running", args.max_running), ("--max-len", args.max_len)):
         if value is not None and value < 1:
             raise LaunchError(f"{flag} {value}: must be >= 1")
+    if args.max_queued_requests is not None and args.max_queued_requests < 0:
+        raise LaunchError(f"--max-queued-requests {args.max_queued_requests}: must be >= 0")
 
 
 REFERENCE_ONLY = ("drain_timeout", "canary_share", "canary_dir", "dtype")
@@ -355,7 +361,7 @@ def _launch_sglang(args, model, draft, profile, name) -> int:
         sps, sts = launch_sglang.export_profile(profile.profile, profile.path, args.export_dir)
     deployment = launch_sglang.Deployment(
         model=model, draft=draft, mode=args.mode, host=args.host, port=args.port, max_running=args.max_running,
-        max_len=args.max_len, seed=args.seed, served_model_name=name, api_key=args.api_key,
+        max_queued=args.max_queued_requests, max_len=args.max_len, seed=args.seed, served_model_name=name, api_key=args.api_key,
         admin_api_key=args.admin_api_key, tool_call_parser=args.tool_call_parser, tp=args.tp, dp=args.dp,
         nnodes=args.nnodes,
         dist_init_addr=args.dist_init_addr, gamma=draft_gamma(draft) if draft and Path(draft).is_dir() else None,
@@ -420,6 +426,7 @@ def _launch_reference(args, model, draft, profile, name) -> int:
     from sglang_dspark.server import create_app, serve
 
     config = EngineConfig(mode=args.mode, max_running=max_running, max_len=args.max_len, seed=args.seed,
+                          max_queued_requests=args.max_queued_requests,
                           sla_tok_s_per_user=tier.tok_s_per_user if tier is not None else None,
                           learn_sps=args.sps_learning == "on", canary_share=args.canary_share,
                           canary_dir=str(args.canary_dir) if args.canary_dir else None)

@@ -37,6 +37,7 @@ class Deployment:
     host: str = "127.0.0.1"
     port: int = 30000
     max_running: int | None = None
+    max_queued: int | None = None
     max_len: int | None = None
     seed: int | None = None
     served_model_name: str | None = None
@@ -169,7 +170,7 @@ def commands(d: Deployment) -> list[NodeCommand]:
             sizes = capture_batch_sizes(max_running)
             argv += ["--cuda-graph-bs-decode", *map(str, sizes)]
             env["SGLANG_DSPARK_GRAPH_TOKENS"] = ",".join(str(bs * (d.gamma + 1)) for bs in sizes)
-    for flag, value in (("--context-length", d.max_len), ("--random-seed", d.seed),
+    for flag, value in (("--context-length", d.max_len), ("--max-queued-requests", d.max_queued), ("--random-seed", d.seed),
                         ("--served-model-name", d.served_model_name), ("--api-key", d.api_key),
                         ("--admin-api-key", d.admin_api_key), ("--tool-call-parser", d.tool_call_parser)):
         if value is not None:

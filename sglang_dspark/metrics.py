@@ -102,6 +102,11 @@ class EngineMetrics:
         self.requests_finished = Counter(
             "sglang_dspark_requests_finished", "Finished requests by reason", ["reason"], registry=r
         )
+        # faults: a failed step's culprit requests end alone (engine/isolation.py); an engine fault ends all
+        self.request_faults = Counter("sglang_dspark_request_faults", "Requests ended alone because a step failed "
+                                      "with them and ran without them, by exception type", ["kind"], registry=r)
+        self.engine_faults = Counter("sglang_dspark_engine_faults", "Steps that failed for no single request "
+                                     "(every running request ended; /health answers 503)", registry=r)
         # the correctness canary: greedy requests decoded again without speculation
         self.canary_replays = Counter("sglang_dspark_canary_replays", "Greedy requests replayed without speculation "
                                       "and compared token for token", registry=r)

@@ -24,7 +24,8 @@ TEST_FILES = sorted((PROM / "tests").glob("*.yml"))
 EXPECTED_ALERTS = {
     "DSparkAcceptedLengthCollapse", "DSparkSpsPredictionErrorDrift", "DSparkSlaAttainmentBelowTarget",
     "DSparkVerifyAllFallback", "DSparkTtftP99High", "DSparkItlP99High", "DSparkQueueGrowing",
-    "DSparkCanaryMismatch", "DSparkGuardStoppedDrafting", "DSparkPluginInactive",
+    "DSparkCanaryMismatch", "DSparkGuardStoppedDrafting", "DSparkPluginInactive", "DSparkRequestFaults",
+    "DSparkEngineFault",
 }
 
 

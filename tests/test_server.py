@@ -46,6 +46,7 @@ class FakeEngine:
 
     model_name = "fake-model"
     max_len = 64
+    max_in_flight = 64
     alive = True
 
     def __init__(self):

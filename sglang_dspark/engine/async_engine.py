@@ -18,7 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from sglang_dspark.engine.engine import Engine
-from sglang_dspark.engine.request import RequestOutput
+from sglang_dspark.engine.request import EngineBusy, RequestOutput
 from sglang_dspark.engine.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -49,6 +49,7 @@ class AsyncEngine:
         self._ids = itertools.count()
         self._live: set[str] = set()  # ids submitted and not yet finished (a client's rid must be unique)
         self._live_lock = threading.Lock()
+        self.fault: str | None = None  # set once a step failed for no single request: unhealthy until restarted
 
     # ---- what the server reads (immutable after construction) ----------------------------------
     @property
@@ -64,9 +65,15 @@ class AsyncEngine:
         return self.engine.max_len
 
     @property
+    def max_in_flight(self) -> int:
+        """Requests running or queued, at most; `submit` refuses more (EngineBusy)."""
+        return self.engine.max_in_flight
+
+    @property
     def alive(self) -> bool:
-        """The engine thread is running (a dead one would leave every request waiting)."""
-        return self._thread is not None and self._thread.is_alive()
+        """The engine thread is running (a dead one would leave every request waiting) and no step
+        has failed for a reason no single request explains (engine/isolation.py)."""
+        return self._thread is not None and self._thread.is_alive() and self.fault is None
 
     def model_info(self) -> dict:
         return self.engine.model_info()  # built from configuration only: safe from any thread
@@ -85,6 +92,9 @@ class AsyncEngine:
         with self._live_lock:
             if rid in self._live:
                 raise ValueError(f"rid: a request with id {rid!r} is already in flight")
+            if len(self._live) >= self.max_in_flight:
+                raise EngineBusy(f"the server holds {len(self._live)} requests, its limit "
+                                 f"(--max-running + --max-queued-requests); retry later")
             self._live.add(rid)
         user_callback = callback
 
@@ -214,11 +224,12 @@ class AsyncEngine:
                 continue
             trimmed, idle_since = False, time.monotonic()
             try:
-                engine.step()
-            except Exception:  # a failed step must not strand clients: end its requests loudly
-                logger.exception("engine step failed; aborting running requests")
+                engine.step()  # a request's own fault ends only that request (engine/isolation.py)
+            except Exception as exc:  # the engine's: end what runs, and /health says so from now on
+                logger.exception("engine step failed for no single request; aborting running requests")
+                self.fault = f"{type(exc).__name__}: {exc}"
                 for req in list(engine.scheduler.running):
-                    engine.abort(req.id)
+                    engine.fail(req.id, f"the engine failed ({self.fault})")
 
     def _drain(self, wait: float = 0.0) -> int:
         """Run the inbox's items (waiting up to `wait` s for the first); returns how many ran."""

@@ -29,6 +29,7 @@ from sglang_dspark.core.sps import SpsTable
 from sglang_dspark.engine.canary import MISMATCH, NEAR_TIE, Canary, Replay, divergence_margin, replay_params
 from sglang_dspark.engine.grammar import GrammarState, constrain_ragged, constrain_rows, grammar_draft_sampler
 from sglang_dspark.engine.heap import release_freed_memory
+from sglang_dspark.engine.isolation import EngineFault, culprits, failing, requests_of, restricted
 from sglang_dspark.engine.logprobs import token_logprobs
 from sglang_dspark.engine.model_runner import DecodeRow, ModelRunner
 from sglang_dspark.engine.output import OutputProcessor
@@ -45,6 +46,7 @@ logger = logging.getLogger(__name__)
 
 # Verify sizes a step is snapped up to: CUDA-graph buckets on a GPU, the same logic on a CPU.
 DEFAULT_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
+QUEUE_PER_SLOT = 8  # the default queue bound, in requests per KV slot
 SLA_MIN_TOKENS = 8  # a running request's measured speed counts for SLA admission from this many tokens
 
 RoundObserver = Callable[[str, int, int, torch.Tensor], None]
@@ -66,6 +68,8 @@ class EngineConfig:
     max_records: int = 4096  # per-step records kept for /server_info
     canary_share: float = 0.0  # greedy requests replayed without speculation and compared (engine/canary.py)
     canary_dir: str | None = None  # where mismatching replays are kept as evidence
+    # requests waiting for a slot, at most (SGLang's --max-queued-requests); None: QUEUE_PER_SLOT per slot
+    max_queued_requests: int | None = None
 
 
 @dataclass
@@ -116,6 +120,11 @@ class Engine:
         self.gamma = drafter.gamma if drafter is not None else 0
         model_len = int(target.config.max_position_embeddings)
         self.max_len = min(config.max_len or model_len, model_len)  # prompt + output, per request
+        queued = config.max_queued_requests
+        if queued is not None and queued < 0:
+            raise ValueError(f"max_queued_requests: must be >= 0, got {queued}")
+        # requests running or waiting, at most: more are refused at admission (AsyncEngine.submit)
+        self.max_in_flight = config.max_running + (QUEUE_PER_SLOT * config.max_running if queued is None else queued)
         if self.gamma + 1 > ROPE_HEADROOM:
             raise ValueError(f"gamma {self.gamma}: blocks longer than {ROPE_HEADROOM - 1} drafts are not supported")
         # each slot also holds one draft block beyond the last token
@@ -182,6 +191,13 @@ class Engine:
             self.output.abort(req)  # first: releasing reads finish_reason (a cut replay is no mismatch)
             self._release(req)
 
+    def fail(self, request_id: str, message: str) -> None:
+        """End a request whose processing failed: its final output carries `message` as its error."""
+        req = self.scheduler.remove(request_id)
+        if req is not None:
+            self.output.fail(req, message)
+            self._release(req)
+
     def abort_all(self) -> None:
         for req in [*self.scheduler.running, *self.scheduler.waiting]:
             self.abort(req.id)
@@ -199,9 +215,31 @@ class Engine:
         batch, plan = self.schedule()
         if not batch.empty:
             result = self.run(batch, plan)
-            self.postprocess(result)
-            self.record(result)
+            if result is not None:
+                self.postprocess(result)
+                self.record(result)
         self.update_gauges()
+
+    def run(self, batch: ScheduledBatch, plan: DraftPlan) -> StepResult | None:
+        """The step's forwards and sampling; a run that raises is re-run on parts of the batch until
+        the requests that fail alone are found (engine/isolation.py): they end, the rest runs (None
+        when nothing is left). EngineFault when no single request explains the failure."""
+        try:
+            return self._run_batch(batch, plan)
+        except Exception as exc:
+            first = exc
+        try:
+            found = culprits(batch, failing(lambda part: self._run_batch(part, plan)))
+        except EngineFault as fault:
+            self.metrics.engine_faults.inc()
+            raise EngineFault(f"{fault}; the step raised {type(first).__name__}: {first}") from first
+        for req in found:
+            logger.error("request %s ended: a step fails with it and runs without it (%s: %s)", req.id,
+                         type(first).__name__, first)
+            self.metrics.request_faults.labels(kind=type(first).__name__).inc()
+            self.fail(req.id, f"the engine could not process this request ({type(first).__name__}: {first})")
+        rest = restricted(batch, [r for r in requests_of(batch) if r not in found])
+        return None if rest.empty else self._run_batch(rest, plan)
 
     def schedule(self) -> tuple[ScheduledBatch, DraftPlan]:
         if not self.scheduler.waiting and self.scheduler.has_free_slot:  # spare capacity: a canary replay
@@ -212,7 +250,7 @@ class Engine:
         plan = self.policy.plan([r.id for r in batch.decode]) if batch.decode else NO_DRAFT
         return batch, plan
 
-    def run(self, batch: ScheduledBatch, plan: DraftPlan) -> StepResult:
+    def _run_batch(self, batch: ScheduledBatch, plan: DraftPlan) -> StepResult:
         return StepResult(self._run_prefill(batch.prefill) if batch.prefill else None,
                           self._run_decode(batch.decode, plan) if batch.decode else None)
 
@@ -304,9 +342,11 @@ class Engine:
             vocab = getattr(self.runner.drafter, "draft_vocab", None)
             sampler = batch.draft_sampler(vocab)
             sampler = grammar_draft_sampler(sampler, grammars, vocab) if any(grammars) else sampler
-            out = self.runner.draft(rows, sampler)
-            if any(grammars):
-                sampler.rollback()
+            try:
+                out = self.runner.draft(rows, sampler)
+            finally:  # a draft that raised must not leave matchers advanced (the step may be re-run)
+                if any(grammars):
+                    sampler.rollback()
             drafts, probs, conf_logits = out.tokens, out.probs, out.conf_logits
             conf = apply_sts(conf_logits, self.sts)
             lens = self.policy.allocate(conf, plan)
@@ -334,7 +374,7 @@ class Engine:
                 if req.replay_of is None:
                     self.metrics.ttft.observe(req.first_token_at - req.arrival)
                 token = result.first_tokens[i]
-                self._commit(req, [token], result.last_logits[i : i + 1])
+                self._commit_or_fail(req, [token], result.last_logits[i : i + 1])
 
     def _commit_decode(self, d: DecodeResult) -> None:
         row = 0
@@ -345,9 +385,18 @@ class Engine:
             tokens = (d.drafts[i, :n].tolist() if n else []) + [int(d.next_tokens[i])]
             if req.replay_of is None:  # replays verify no draft: they would drag the users' tau down
                 self.metrics.accept_length.observe(n + 1)
-            self._commit(req, tokens, d.logits[row : row + n + 1])
+            self._commit_or_fail(req, tokens, d.logits[row : row + n + 1])
             row += width
         d.end = self.clock()
+
+    def _commit_or_fail(self, req: Request, tokens: list[int], logits: torch.Tensor) -> None:
+        """`_commit`, where an error (detokenizing, stop strings, grammar, logprobs) ends only this request."""
+        try:
+            self._commit(req, tokens, logits)
+        except Exception as exc:
+            logger.exception("request %s ended: committing its tokens failed", req.id)
+            self.metrics.request_faults.labels(kind=type(exc).__name__).inc()
+            self.fail(req.id, f"the engine could not process this request ({type(exc).__name__}: {exc})")
 
     def _commit(self, req: Request, tokens: list[int], logits: torch.Tensor) -> None:
         """Emit tokens whose target logits are `logits` (one row each); finish the request when it ends."""

@@ -37,8 +37,12 @@ class OutputProcessor:
         """End a request from outside (client gone, shutdown, failed step): its final output."""
         self._emit(req, [], "", "abort", [] if req.params.logprobs else None)
 
+    def fail(self, req: Request, message: str) -> None:
+        """End a request whose processing failed: finish_reason "abort", and `message` as its error."""
+        self._emit(req, [], "", "abort", [] if req.params.logprobs else None, error=message)
+
     def _emit(self, req: Request, tokens: list[int], text: str, reason: str | None,
-              logprobs: list[TokenLogprob] | None) -> None:
+              logprobs: list[TokenLogprob] | None, error: str | None = None) -> None:
         if reason is not None:
             req.finished, req.finish_reason = True, reason
             self._detok.pop(req.id, None)
@@ -46,4 +50,4 @@ class OutputProcessor:
         if req.params.prompt_logprobs and not req.prompt_logprobs_sent:
             prompt_logprobs, req.prompt_logprobs_sent = req.prompt_logprobs, True
         req.callback(RequestOutput(req.id, tokens, text, reason is not None, reason, req.num_prompt,
-                                   len(req.output_ids), logprobs, prompt_logprobs))
+                                   len(req.output_ids), logprobs, prompt_logprobs, error))

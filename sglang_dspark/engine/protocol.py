@@ -18,11 +18,13 @@ class EngineClient(Protocol):
     tokenizer: Any  # a transformers tokenizer: encode, decode, apply_chat_template, len()
     model_name: str
     max_len: int  # context limit per request: prompt + output tokens
+    max_in_flight: int  # requests running or queued at most; submit raises EngineBusy beyond
     metrics: Any  # has render() -> bytes, the Prometheus exposition
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, callback: Callable[[RequestOutput], None],
                request_id: str | None = None) -> str:
-        """Queue a request; raises ValueError ("field: reason") when it would be refused. Outputs
+        """Queue a request; raises ValueError ("field: reason") when it would be refused, EngineBusy
+        when the engine holds `max_in_flight` requests already. Outputs
         arrive through `callback`, from another thread, the last with finished=True."""
 
     def abort(self, request_id: str) -> None:

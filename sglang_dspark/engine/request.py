@@ -16,6 +16,10 @@ class ContextLengthError(ValueError):
     """A prompt plus its max_tokens does not fit the context (OpenAI's context_length_exceeded)."""
 
 
+class EngineBusy(Exception):
+    """The engine holds as many requests as it may (running + queued): retry later (HTTP 429)."""
+
+
 @dataclass(frozen=True)
 class TokenLogprob:
     """The target's log-probability of one emitted token, and its `top` most likely alternatives
@@ -38,6 +42,7 @@ class RequestOutput:
     logprobs: list[TokenLogprob] | None = None  # one per new token when the request asked for them
     # with prompt_logprobs, on the first output: prompt tokens 1.. (the first has no context)
     prompt_logprobs: list[TokenLogprob] | None = None
+    error: str | None = None  # on a final output: why the engine ended this request (engine/isolation.py)
 
 
 @dataclass

@@ -9,6 +9,7 @@ exactly the biased target's (OpenAI's semantics: bias, then sampling).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -42,12 +43,12 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens: must be >= 1, got {self.max_tokens}")
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature: must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < math.inf:
+            raise ValueError(f"temperature: must be finite and >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p: must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k: must be >= 0, got {self.top_k}")
+        if not 0 <= self.top_k < 2**63:  # 0: none; any k at or above the vocabulary is none too (probs)
+            raise ValueError(f"top_k: must be >= 0 (0 or -1: no top-k), got {self.top_k}")
         if self.seed is not None and not 0 <= self.seed < 2**64:  # what a torch.Generator takes
             raise ValueError(f"seed: must be in [0, 2**64), got {self.seed}")
         if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
@@ -124,8 +125,9 @@ class SamplingBatch:
         logits = logits.float()
         temp = self.temperature.view(shape)
         scaled = logits / torch.where(temp > 0, temp, torch.ones_like(temp))
-        if bool((self.top_k > 0).any()):
-            k = torch.where(self.top_k > 0, self.top_k, torch.full_like(self.top_k, logits.shape[-1]))
+        if bool((self.top_k > 0).any()):  # a k at or above the row's vocabulary (a draft vocabulary's too) is no top-k
+            k = torch.where(self.top_k > 0, self.top_k.clamp(max=logits.shape[-1]),
+                            torch.full_like(self.top_k, logits.shape[-1]))
             kth = torch.topk(scaled, int(k.max()), dim=-1).values
             kth = kth.gather(-1, (k.view(shape) - 1).expand(*scaled.shape[:-1], 1))
             scaled = scaled.masked_fill(scaled < kth, float("-inf"))

@@ -44,6 +44,10 @@ REQUIRED_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", 
 CFLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16",
           "-mavx512vnni", "-mf16c"]
 DISABLE_ENV = "SGLANG_DSPARK_CPU_KERNELS"
+# SGLANG_DSPARK_CPU_KERNELS_CHECKED=1 builds the kernels with AddressSanitizer and libstdc++'s bounds
+# assertions (a separate cached build; the process needs libasan preloaded): the slow suite's check
+CHECKED_ENV = "SGLANG_DSPARK_CPU_KERNELS_CHECKED"
+CHECKED_FLAGS = ["-fsanitize=address", "-fno-omit-frame-pointer", "-D_GLIBCXX_ASSERTIONS"]
 LIBRARY = "dspark_cpu_rows"  # TORCH_LIBRARY namespace in cpu_rows.cpp
 
 
@@ -76,9 +80,11 @@ def _build() -> tuple[object | None, str]:
     try:
         from torch.utils.cpp_extension import load
 
-        digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:12]
-        load(name=f"sglang_dspark_cpu_rows_{digest}", sources=[str(SOURCE)], extra_cflags=CFLAGS,
-             extra_ldflags=["-fopenmp"], is_python_module=False)
+        checked = os.environ.get(CHECKED_ENV) == "1"
+        cflags = CFLAGS + (CHECKED_FLAGS if checked else [])
+        digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(cflags).encode()).hexdigest()[:12]
+        load(name=f"sglang_dspark_cpu_rows_{digest}", sources=[str(SOURCE)], extra_cflags=cflags,
+             extra_ldflags=["-fopenmp"] + (["-fsanitize=address"] if checked else []), is_python_module=False)
     except Exception as e:  # no compiler, no ninja, a build error: the engine keeps aten's kernels
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         return None, f"building {SOURCE.name} failed ({type(e).__name__}: {first})"

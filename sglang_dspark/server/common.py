@@ -9,7 +9,7 @@ from dataclasses import replace
 from fastapi import Request
 from fastapi.responses import Response
 
-from sglang_dspark.engine.request import ContextLengthError
+from sglang_dspark.engine.request import ContextLengthError, EngineBusy
 from sglang_dspark.engine.sampling import SamplingParams
 from sglang_dspark.server.errors import APIError, from_value_error
 from sglang_dspark.server.streams import RequestStream
@@ -40,6 +40,8 @@ def submit(engine, ids: list[int], params: SamplingParams, request_id: str, prom
         return RequestStream(engine, ids, params, request_id)
     except ContextLengthError as exc:
         raise APIError(400, str(exc), param=prompt_param, code="context_length_exceeded") from None
+    except EngineBusy as exc:  # only the current load: the client may retry
+        raise APIError(429, str(exc), code="queue_full", type_="rate_limit_error") from None
     except ValueError as exc:  # the engine's other admission checks name their field
         raise from_value_error(exc, prompt_param) from None
 

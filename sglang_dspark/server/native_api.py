@@ -18,9 +18,10 @@ from sglang_dspark.server.common import CLIENT_CLOSED, engine_of, new_id, submit
 from sglang_dspark.server.errors import APIError
 from sglang_dspark.server.grammars import compile_grammar, generate_spec
 from sglang_dspark.server.logprobs import generate_logprobs, input_logprobs
-from sglang_dspark.server.params import check_token_ids, generate_params
+from sglang_dspark.server.params import (check_text_size, check_token_ids, generate_params, reject_unencodable,
+                                         request_limits)
 from sglang_dspark.server.protocol import GenerateRequest, SetInternalStateRequest
-from sglang_dspark.server.streams import EventStreamResponse, RequestStream, collect, sse
+from sglang_dspark.server.streams import EventStreamResponse, RequestStream, collect, error_event, sse
 
 router = APIRouter()
 
@@ -33,8 +34,11 @@ ADMIN_PATHS = frozenset({"/flush_cache", "/set_internal_state"})
 @router.get("/health")
 async def health(request: Request) -> Response:
     """200 while the engine thread runs; 503 once it died, so a router stops sending traffic here."""
-    if not engine_of(request).alive:
-        raise APIError(503, "the engine thread is not running", type_="service_unavailable")
+    engine = engine_of(request)
+    if not engine.alive:
+        fault = getattr(engine, "fault", None)
+        reason = f"the engine failed ({fault}); restart the server" if fault else "the engine thread is not running"
+        raise APIError(503, reason, type_="service_unavailable")
     return Response(status_code=200)
 
 
@@ -61,7 +65,8 @@ async def health_generate(request: Request) -> Response:
 @router.get("/server_info")
 @router.get("/get_server_info")
 async def server_info(request: Request) -> dict:
-    return await asyncio.wrap_future(engine_of(request).server_info())
+    engine = engine_of(request)
+    return {**await asyncio.wrap_future(engine.server_info()), "request_limits": request_limits(engine)}
 
 
 @router.get("/model_info")
@@ -113,16 +118,18 @@ async def set_internal_state(request: Request) -> dict:
 @router.post("/generate")
 async def generate(body: GenerateRequest, request: Request):
     engine = engine_of(request)
+    reject_unencodable(body)
     if (body.text is None) == (body.input_ids is None):
         raise APIError(400, "exactly one of text or input_ids is required", param="text")
     if body.input_ids is not None:
         ids = check_token_ids(body.input_ids, len(engine.tokenizer), "input_ids")
     else:
+        check_text_size(body.text, engine.max_len, "text")
         text_ids = await run_in_threadpool(engine.tokenizer.encode, body.text) if body.text else []
         ids = check_token_ids(text_ids, len(engine.tokenizer), "text")
     spec = generate_spec(body.sampling_params)
     grammar = await compile_grammar(request, *spec) if spec else None
-    params = generate_params(body, len(ids), engine.max_len - len(ids), grammar)
+    params = generate_params(body, len(ids), engine.max_len - len(ids), len(engine.tokenizer), grammar)
     start = time.perf_counter()
     stream = submit(engine, ids, params, body.rid or new_id("gen"), "input_ids" if body.input_ids else "text")
     shape = _GenerateShape(engine.tokenizer, body, ids, start)
@@ -161,5 +168,7 @@ async def _generate_chunks(stream: RequestStream, shape: _GenerateShape) -> Asyn
     outputs = []  # SGLang streams everything so far in every chunk, not deltas
     async for out in stream:
         outputs.append(out)
+        if out.error:
+            yield error_event(out)
         yield sse(shape.body(stream.request_id, outputs))
     yield sse("[DONE]")

@@ -11,10 +11,11 @@ from sglang_dspark.server.common import (CLIENT_CLOSED, engine_of, new_id, now, 
                                          usage_of)
 from sglang_dspark.server.grammars import compile_grammar, response_format_spec
 from sglang_dspark.server.logprobs import chat_logprobs, completion_logprobs, echo_logprobs
-from sglang_dspark.server.params import (chat_prompt_ids, check_model, choices_per_prompt, completion_prompts,
-                                         echo_only, openai_params)
+from sglang_dspark.server.params import (chat_prompt_ids, check_choice_count, check_model, choices_per_prompt,
+                                         completion_prompts, echo_only, openai_params, reject_unencodable,
+                                         request_limits)
 from sglang_dspark.server.protocol import ChatCompletionRequest, CompletionRequest
-from sglang_dspark.server.streams import EventStreamResponse, RequestStream, collect_all, merged, sse
+from sglang_dspark.server.streams import EventStreamResponse, RequestStream, collect_all, error_event, merged, sse
 from sglang_dspark.server.tools import AutoCalls, forced_call, tool_calls
 
 router = APIRouter()
@@ -24,7 +25,7 @@ router = APIRouter()
 async def models(request: Request) -> dict:
     engine = engine_of(request)
     card = {"id": served_name(request), "object": "model", "created": now(), "owned_by": "sglang_dspark",
-            "root": engine.model_name, "max_model_len": engine.max_len}
+            "root": engine.model_name, "max_model_len": engine.max_len, "limits": request_limits(engine)}
     return {"object": "list", "data": [card]}
 
 
@@ -44,9 +45,11 @@ def _include_usage(body) -> bool:
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     engine, model = engine_of(request), served_name(request)
     check_model(model, body.model)
+    reject_unencodable(body)
     n = choices_per_prompt(body)
+    check_choice_count(engine, n)
     call = forced_call(body, getattr(request.app.state, "tool_call_parser", None))
-    ids = await chat_prompt_ids(engine.tokenizer, body)
+    ids = await chat_prompt_ids(engine.tokenizer, body, engine.max_len)
     if call is not None and not isinstance(call, AutoCalls):
         grammar = await compile_grammar(request, call.spec, "tools")
     else:
@@ -120,6 +123,8 @@ async def _chat_chunks(streams: list[RequestStream], base: dict, include_usage: 
         if out.finished:
             finals[i] = out
             reason = out.finish_reason
+            if out.error:
+                yield error_event(out)
             if auto:
                 reason = "tool_calls" if called[i] and reason == "stop" else reason
             elif call is not None:
@@ -181,8 +186,11 @@ class _CompletionShape:
 async def completions(body: CompletionRequest, request: Request):
     engine, model = engine_of(request), served_name(request)
     check_model(model, body.model)
+    reject_unencodable(body)
     n = choices_per_prompt(body)
-    prompts = await completion_prompts(engine.tokenizer, body)
+    batch = len(body.prompt) if isinstance(body.prompt, list) and body.prompt and not isinstance(body.prompt[0], int) else 1
+    check_choice_count(engine, n * batch)
+    prompts = await completion_prompts(engine.tokenizer, body, engine.max_len)
     vocab = len(engine.tokenizer)
     params = [openai_params(body, engine.max_len - len(ids), vocab) for ids in prompts]
     shape = _CompletionShape(engine.tokenizer, body, prompts, n, params[0].logprobs)
@@ -211,6 +219,8 @@ async def _completion_chunks(streams: list[RequestStream], base: dict, include_u
             text = "" if shape.drop else out.text
             logprobs = completion_logprobs(shape.tokenizer, out.logprobs, offsets[i]) \
                 if out.logprobs and not shape.drop else None
+        if out.error:
+            yield error_event(out)
         if text or out.finished or logprobs:
             reason = ("length" if shape.drop else out.finish_reason) if out.finished else None
             yield sse({**base, "choices": [{"index": i, "text": text, "logprobs": logprobs, "finish_reason": reason}],

@@ -17,6 +17,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from sglang_dspark.engine.sampling import SamplingParams
+from sglang_dspark.server.errors import APIError
 
 
 class RequestStream:
@@ -80,7 +81,12 @@ async def collect_all(request: Request, streams: list[RequestStream]) -> list[li
     finally:
         for stream in streams:
             stream.close()
-    return results if all(r and r[-1].finished for r in results) else None
+    if not all(r and r[-1].finished for r in results):
+        return None
+    failed = next((r[-1].error for r in results if r[-1].error), None)
+    if failed is not None:  # the engine ended it alone (engine/isolation.py): the other requests ran on
+        raise APIError(500, failed, code="request_fault", type_="internal_error")
+    return results
 
 
 async def collect(request: Request, stream: RequestStream) -> list | None:
@@ -107,6 +113,12 @@ async def merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, objec
     finally:
         for task in tasks:
             task.cancel()
+
+
+def error_event(out) -> str:
+    """The SSE event that tells a streaming client the engine ended its request (engine/isolation.py),
+    sent before the final chunk (whose finish_reason is "abort")."""
+    return sse({"error": {"message": out.error, "type": "internal_error", "param": None, "code": "request_fault"}})
 
 
 def sse(payload: dict | str) -> str:

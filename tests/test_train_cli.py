@@ -76,6 +76,33 @@ def test_build_data_resumes_and_both_sources_train_a_loadable_drafter(tiny_targe
     shutil.rmtree(out)
 
 
+def test_build_data_prefills_committed_sequences_as_written_and_resumes(tiny_target, tmp_path):
+    """--source sequences: the stored token ids come back unchanged with the target's own features,
+    a rerun continues after the last shard, and a missing --sequences is one line and exit 2."""
+    from sglang_dspark.engine.target_model import TargetModel
+    from sglang_dspark.train.features import teacher_forced_rows
+    from sglang_dspark.train.self_distill import SequenceWriter
+    from sglang_dspark.train.shards import SequenceStore, read_manifest
+
+    seq_dir, out = tmp_path / "seqs", tmp_path / "feats"
+    writer = SequenceWriter(seq_dir, {"target": "tiny", "split": "train"})
+    stored = [{"tokens": [5 + i, 17, 30 + i, 2, 9, 44 + i, 3][: 4 + i], "prompt_len": 2, "temperature": 0.0,
+               "id": f"c{i}", "domain": "chat"} for i in range(3)]
+    writer.add(stored, records=3, wall_s=0.1)
+    seq_args = ("--source", "sequences", "--sequences", str(seq_dir), "--shard-records", "2")
+    assert _build(tiny_target, out, *seq_args, "--max-records", "2") == 0
+    assert _build(tiny_target, out, *seq_args) == 0  # resumes with the third
+    assert read_manifest(out)["records_done"] == 3 and len(read_manifest(out)["shards"]) == 2
+    store = SequenceStore(out)
+    assert [store[i].tokens.tolist() for i in range(3)] == [s["tokens"] for s in stored]
+    assert all(store[i].target_sampled for i in range(3))
+    target = TargetModel.from_pretrained(tiny_target)
+    expected = teacher_forced_rows(target, [(s["tokens"], 2) for s in stored], [1, 2])
+    for i, row in enumerate(expected):
+        torch.testing.assert_close(store[i].features.float(), row["features"].float())
+    assert _build(tiny_target, tmp_path / "none", "--source", "sequences") == 2
+
+
 def test_build_data_computes_features_in_the_served_weight_format(tiny_target, tmp_path):
     """--dtype bfloat16: the dataset says so, its features are the bf16 model's (not float32's),
     and resuming it in another format is refused with one line."""

@@ -2,8 +2,10 @@
 
 Build (or continue building) a training dataset from ShareGPT prompts: sequences and the frozen
 target's teacher-forced features, in shards (sglang_dspark/train/shards.py). SOURCE is
-`sharegpt-responses` (ShareGPT's own first replies, teacher-forced) or `on-policy` (the target's own
-sampled replies from the reference engine, then teacher-forced); see sglang_dspark/train/sources.py.
+`sharegpt-responses` (ShareGPT's own first replies, teacher-forced), `on-policy` (the target's own
+sampled replies from the reference engine, then teacher-forced) or `sequences` (replies the target
+already wrote with train/self_distill.py, read from --sequences, teacher-forced); see
+sglang_dspark/train/sources.py.
 Records are taken in a fixed seeded order from the chosen pool (train or held-out) and written
 --shard-records at a time; rerunning the same command resumes after the last finished shard, and
 the budgets (--max-records, --time-budget-min) count the whole build, resumes included. Each
@@ -24,7 +26,7 @@ from sglang_dspark.engine.format_names import FORMAT_CHOICES
 from sglang_dspark.train.features import capture_layers, final_norm_of, teacher_forced_rows
 from sglang_dspark.train.shards import DatasetWriter
 from sglang_dspark.train.sources import SOURCES, SPLITS, first_replies, on_policy_sequences, sharegpt_pool, \
-    teacher_forced_sequences
+    stored_records, stored_sequences, teacher_forced_sequences
 
 DEFAULT_LAYERS = "1,8,15,22,28"
 
@@ -35,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", required=True, help="target model directory")
     p.add_argument("--out", required=True, help="dataset directory (created, or resumed when it exists)")
     p.add_argument("--source", required=True, choices=SOURCES, help="how prompts are answered (see above)")
+    p.add_argument("--sequences", default=None,
+                   help="sequences: the self_distill directory to read (e.g. drafter_data/smollm2-int4)")
     p.add_argument("--split", default="train", choices=SPLITS,
                    help="ShareGPT pool: train, or the held-out conversations (default: %(default)s)")
     p.add_argument("--layers", default=DEFAULT_LAYERS, help="target decoder layers whose outputs are stored; "
@@ -86,6 +90,13 @@ def main(argv=None) -> int:
     if args.source == "sharegpt-responses":
         for key in ("max_new_tokens", "temperature"):
             settings.pop(key)
+    elif args.source == "sequences":
+        if not args.sequences or not os.path.isfile(os.path.join(args.sequences, "sequences.json")):
+            print(f"error: --source sequences needs --sequences DIR holding sequences.json (got {args.sequences})",
+                  file=sys.stderr)
+            return 2
+        settings = {"source": "sequences", "sequences": os.path.abspath(args.sequences), "seed": args.seed,
+                    "target": settings["target"], "weight_format": weight_format}
     else:
         settings.pop("max_total_tokens")
     try:
@@ -93,7 +104,7 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    pool = sharegpt_pool(args.split, args.seed)
+    pool = stored_records(args.sequences) if args.source == "sequences" else sharegpt_pool(args.split, args.seed)
     stop = len(pool) if args.max_records is None else min(args.max_records, len(pool))
     replies = first_replies() if args.source == "sharegpt-responses" else None
     engine = None
@@ -111,7 +122,9 @@ def main(argv=None) -> int:
         start = writer.records_done
         chunk = pool[start : min(start + args.shard_records, stop)]
         wall0, cpu0 = time.perf_counter(), time.process_time()
-        if engine is None:
+        if args.source == "sequences":
+            picked = stored_sequences(chunk)
+        elif engine is None:
             picked = teacher_forced_sequences(tokenizer, chunk, replies, max_prompt_tokens=args.max_prompt_tokens,
                                               max_total_tokens=args.max_total_tokens)
         else:

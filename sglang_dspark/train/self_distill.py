@@ -1,8 +1,8 @@
 """python -m sglang_dspark.train.self_distill --target DIR --out DIR [options]
 
-The target answers ShareGPT's training prompts itself, in the weight format it serves (int4 by
-default), through the reference engine at high concurrency: mostly greedily (T = 0, what greedy
-serving verifies against) and a share sampled at --temperature. Only the token ids are kept, int32,
+The target answers ShareGPT's training prompts (or the held-out ones, --split heldout) itself, in
+the weight format it serves (int4 by default), through the reference engine at high concurrency:
+mostly greedily (T = 0, what greedy serving verifies against) and a share sampled at --temperature. Only the token ids are kept, int32,
 in small compressed shards that are committed with the repository, so a new machine re-derives the
 target's features from them (`build_data --source sequences`) instead of losing the run.
 
@@ -41,7 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", required=True, help="target model directory, or a zoo name (sglang_dspark/zoo.py)")
     p.add_argument("--out", required=True, help="sequence directory (created, or resumed when it exists)")
     p.add_argument("--records", type=int, default=12_000,
-                   help="ShareGPT training-pool records to answer, in all (default: %(default)s)")
+                   help="ShareGPT pool records to answer, in all (default: %(default)s)")
+    p.add_argument("--split", default="train", choices=("train", "heldout"),
+                   help="ShareGPT pool (train/sources.py's split_of): train, or the held-out conversations the "
+                        "drafter is evaluated on (default: %(default)s)")
     p.add_argument("--sampled-percent", type=int, default=15,
                    help="share of records answered at --temperature; the rest greedily (default: %(default)s)")
     p.add_argument("--temperature", type=float, default=0.8, help="the sampled share's temperature (default: %(default)s)")
@@ -165,7 +168,7 @@ def main(argv=None) -> int:
         return 2
     target_dir = zoo.resolve_model(args.target)
     weight_format, why = resolve_weight_format(args.dtype, target_dir)
-    settings = {"target": args.target, "weight_format": weight_format, "split": "train", "seed": args.seed,
+    settings = {"target": args.target, "weight_format": weight_format, "split": args.split, "seed": args.seed,
                 "sampled_percent": args.sampled_percent, "temperature": args.temperature,
                 "max_new_tokens": args.max_new_tokens, "max_prompt_tokens": args.max_prompt_tokens}
     try:
@@ -179,7 +182,7 @@ def main(argv=None) -> int:
     engine = Engine(target, tokenizer, config=EngineConfig(
         mode="target", max_running=args.max_running, max_len=args.max_prompt_tokens + args.max_new_tokens + 8,
         seed=args.seed))
-    pool = sharegpt_pool("train", args.seed)
+    pool = sharegpt_pool(args.split, args.seed)
     stop = min(args.records, len(pool))
     started = time.perf_counter()
     bar = tqdm(total=stop, initial=min(writer.records_done, stop), unit="rec", desc="self-distill", dynamic_ncols=True)

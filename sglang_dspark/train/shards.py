@@ -148,7 +148,7 @@ class SequenceStore:
                 shard = torch.load(root / entry["file"], mmap=True, weights_only=True)
                 self.index += [(len(self.shards), s) for s in range(len(shard["prompt_lens"]))]
                 self.shards.append(shard)
-                self.sampled.append(manifest["settings"]["source"] == "on-policy")
+                self.sampled.append(manifest["settings"]["source"] in ("on-policy", "sequences"))
                 tokens += entry["tokens"]
         if len(layer_sets) != 1:
             raise ValueError(f"datasets store different target layers: {sorted(layer_sets)}")

@@ -7,7 +7,7 @@ from drafter_fixtures import tiny_drafter
 from train_fixtures import synthetic_store
 from sglang_dspark.train.batches import FeatureLayout, make_batch
 from sglang_dspark.train.features import final_hidden
-from sglang_dspark.train.losses import dspark_loss, position_weights
+from sglang_dspark.train.losses import dspark_loss, kl_loss, position_weights
 from sglang_dspark.train.trainer import LoopConfig, Trainer
 
 
@@ -52,6 +52,41 @@ def test_loss_weights_and_perfect_draft():
     labels = probs.argmax(-1)
     parts = dspark_loss(logits, torch.full((2, 4), 10.0), probs, labels, torch.ones(2, 4, dtype=torch.bool))
     assert parts.l1 < 1e-5 and abs(float(parts.accept) - 1.0) < 1e-5
+
+
+def test_kl_objective_is_forward_kl_plus_argmax_ce_and_pulls_hardest_where_the_draft_is_wrong():
+    torch.manual_seed(0)
+    probs = torch.softmax(3 * torch.randn(1, 3, 12), dim=-1)
+    logits = torch.randn(1, 3, 12, requires_grad=True)
+    argmax = probs.argmax(-1)
+    valid = torch.ones(1, 3, dtype=torch.bool)
+    parts = kl_loss(logits, torch.zeros(1, 3), probs, argmax, valid)
+    w = position_weights(3)
+    log_q = torch.log_softmax(logits, -1)
+    kl = (probs * (probs.log() - log_q)).sum(-1)[0]
+    entropy = -(probs * probs.log()).sum(-1)[0]
+    ce = -log_q[0].gather(-1, argmax[0, :, None]).squeeze(-1)
+    torch.testing.assert_close(parts.l1, ((kl + entropy) * w).sum() / w.sum())
+    torch.testing.assert_close(parts.ce, (ce * w).sum() / w.sum())
+    # the gradient on a logit is w_k / sum(w) * ((q_v - p_v) + (q_v - [v = argmax])): on the target's
+    # top token it is as large as the draft is wrong, where L1's (about -2 q_v) vanishes. The
+    # confidence label (acceptance) is detached, so BCE adds nothing here.
+    (grad,) = torch.autograd.grad(parts.total, logits)
+    q = log_q.exp().detach()
+    expected = (w / w.sum())[None, :, None] * ((q - probs) + (q - torch.nn.functional.one_hot(argmax, 12)))
+    torch.testing.assert_close(grad, expected, atol=1e-5, rtol=1e-4)
+    # labels outside the hot vocabulary (-1) leave the CE term
+    none = kl_loss(logits, torch.zeros(1, 3), probs, torch.full_like(argmax, -1), valid)
+    assert float(none.ce) == 0.0
+
+
+def test_kl_objective_learns_over_a_hot_vocabulary():
+    store = synthetic_store(rule=lambda t: 4 + (t * 5 + 1) % 20)
+    hot = torch.arange(4, 24)
+    trainer, history = run(60, store=store, hot_ids=hot, objective="kl",
+                           heldout=synthetic_store(seed=9, rule=lambda t: 4 + (t * 5 + 1) % 20))
+    assert sum(h["loss"] for h in history[-5:]) < 0.7 * sum(h["loss"] for h in history[:5])
+    assert trainer.evals[-1]["tau_t0"] > trainer.evals[0]["tau_t0"]
 
 
 def test_training_is_deterministic_for_a_seed():

@@ -25,6 +25,7 @@ from sglang_dspark.drafter.checkpoint import DRAFT_VOCAB_NAME, load_draft_vocab,
 from sglang_dspark.train import SUMMARY_NAME
 from sglang_dspark.train.draft_vocab import hot_vocab
 from sglang_dspark.train.engine_tau import checkpoint_tau
+from sglang_dspark.train.losses import OBJECTIVES
 from sglang_dspark.train.shards import SequenceStore, dataset_totals, read_manifest
 from sglang_dspark.train.sources import sharegpt_pool
 from sglang_dspark.train.trainer import STATE_NAME, LoopConfig, Trainer
@@ -66,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seqs-per-step", type=int, default=2, help="sequences per optimizer step (default: %(default)s)")
     p.add_argument("--anchors-per-seq", type=int, default=64,
                    help="blocks sampled per sequence per step (default: %(default)s)")
+    p.add_argument("--objective", default="dspark", choices=OBJECTIVES,
+                   help="dspark: the paper's 0.1 CE + 0.9 L1 + confidence BCE; kl: forward KL to the target's "
+                        "hot-vocabulary distribution + CE to its argmax + the same BCE (train/losses.py) "
+                        "(default: %(default)s)")
     p.add_argument("--bf16", action="store_true", help="autocast the drafter's matmuls to bfloat16 on the CPU")
     p.add_argument("--save-every-min", type=float, default=5.0, help="checkpoint interval in minutes (default: %(default)s)")
     p.add_argument("--eval-every-min", type=float, default=10.0,
@@ -133,7 +138,8 @@ def main(argv=None) -> int:
         loop = LoopConfig(seed=args.seed, lr=args.lr, min_lr_ratio=args.min_lr_ratio, warmup_steps=args.warmup_steps,
                           seqs_per_step=args.seqs_per_step, anchors_per_seq=args.anchors_per_seq,
                           max_steps=args.max_steps, time_budget_s=args.time_budget_min * 60,
-                          save_every_s=args.save_every_min * 60, eval_every_s=args.eval_every_min * 60, bf16=args.bf16)
+                          save_every_s=args.save_every_min * 60, eval_every_s=args.eval_every_min * 60, bf16=args.bf16,
+                          objective=args.objective)
         trainer = Trainer(drafter, store, loop, state_dir=out, hot_ids=hot_ids, heldout=heldout,
                           log=lambda line: print(line, flush=True))
     except (FileNotFoundError, ValueError) as e:

@@ -22,7 +22,7 @@ from sglang_dspark.drafter import DSparkDrafter
 from sglang_dspark.train.batches import FeatureLayout, make_batch
 from sglang_dspark.train.heldout import HeldoutEstimator
 from sglang_dspark.train.hot_vocab import hot_vocabulary, target_probs, vocab_index
-from sglang_dspark.train.losses import dspark_loss
+from sglang_dspark.train.losses import dspark_loss, kl_loss
 
 STATE_NAME = "trainer_state.pt"
 
@@ -42,6 +42,7 @@ class LoopConfig:
     eval_every_s: float = 300.0  # held-out estimate interval (needs a held-out store)
     grad_clip: float = 1.0
     bf16: bool = False  # CPU autocast to bfloat16 for the matmuls
+    objective: str = "dspark"  # train/losses.py: "dspark" (the paper's) or "kl"
 
 
 class Trainer:
@@ -145,7 +146,11 @@ class Trainer:
         self.drafter.train()
         batch = self.make_batch(self.store, self._next_indices(), self.generator)
         logits, conf, probs, outside, labels = self.forward(batch)
-        loss = dspark_loss(logits, conf, probs, labels, batch.valid, outside)
+        if self.loop.objective == "kl":
+            argmax = batch.target_argmax if self.label_index is None else self.label_index[batch.target_argmax]
+            loss = kl_loss(logits, conf, probs, argmax, batch.valid, outside)
+        else:
+            loss = dspark_loss(logits, conf, probs, labels, batch.valid, outside)
         for group in self.optim.param_groups:
             group["lr"] = self._lr()
         self.optim.zero_grad(set_to_none=True)

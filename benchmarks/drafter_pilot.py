@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2-135m-instruct", help="the target (its embedding and lm_head)")
     p.add_argument("--draft", default=str(ROOT / "launch/models/smollm2-135m-instruct-dspark"),
                    help="drafter whose hot vocabulary (draft_vocab.pt) the probes draft from")
+    p.add_argument("--hot-vocab", type=int, default=8192,
+                   help="draft from the N tokens with the most target mass in the training data, as "
+                        "`python -m sglang_dspark.train --hot-vocab N` does; 0: --draft's draft_vocab.pt (default: %(default)s)")
     p.add_argument("--minutes", type=float, default=5.0, help="training time per probe (default: %(default)s)")
     p.add_argument("--batch", type=int, default=4096, help="positions per probe step (default: %(default)s)")
     p.add_argument("--mlp-width", type=int, default=1536, help="the MLP probe's hidden width (default: %(default)s)")
@@ -168,6 +171,7 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     from benchmarks.common import load_pair
     from sglang_dspark.drafter.checkpoint import load_draft_vocab
+    from sglang_dspark.train.draft_vocab import hot_vocab
     from sglang_dspark.train.hot_vocab import vocab_index
     from sglang_dspark.train.shards import SequenceStore
 
@@ -175,10 +179,11 @@ def main(argv=None) -> int:
     embed = target.embed_tokens.weight.detach().float()
     lm_head = target.lm_head_weight().detach().float()
     vocab = lm_head.shape[0]
-    hot_ids = load_draft_vocab(Path(args.draft) / "draft_vocab.pt").long()
+    train_store, eval_store = SequenceStore(args.train), SequenceStore(args.eval)
+    hot_ids = (hot_vocab(train_store.mass(), args.hot_vocab) if args.hot_vocab
+               else load_draft_vocab(Path(args.draft) / "draft_vocab.pt")).long()
     hot_index = vocab_index(hot_ids, vocab)
     hot_head = lm_head[hot_ids]
-    train_store, eval_store = SequenceStore(args.train), SequenceStore(args.eval)
     rows = []
     for depth in (1, 2):
         t0 = time.perf_counter()
@@ -209,7 +214,7 @@ def main(argv=None) -> int:
         print(f"{r['position']:>8} {r['hot_coverage']:>9.3f} {r['bigram']:>7.3f} {r['trigram']:>7.3f} "
               f"{r['linear']:>7.3f} {r['mlp']:>7.3f} {r['linear_t1_accept']:>7.3f} {r['mlp_t1_accept']:>7.3f}")
     write_result(args.out, {"benchmark": "drafter_pilot", "train": args.train, "eval": args.eval,
-                            "minutes_per_probe": args.minutes, "batch": args.batch, "mlp_width": args.mlp_width,
+                            "hot_vocab": int(hot_ids.numel()), "minutes_per_probe": args.minutes, "batch": args.batch, "mlp_width": args.mlp_width,
                             "rows": rows})
     return 0
 

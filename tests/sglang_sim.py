@@ -7,8 +7,8 @@ attention, the attention-TP rank) and a model-runner stand-in holding the captur
 sizes; every decision (budget, forced fraction, layout, padded graph size, the record itself) is
 SGLang's. A step costs `cost(bs, graph tokens)` seconds on an injected clock: the hardware.
 
-`sim_app(sim)` puts it behind SGLang's HTTP shape (`/server_info`, `/set_internal_state`,
-`/generate`), batching concurrent requests into decode steps the way a scheduler does: a request
+`sim_app(sim)` puts it behind SGLang's HTTP shape (`/server_info`, `/set_internal_state` answered
+by SGLang's own handlers, `/generate`), batching concurrent requests into decode steps the way a scheduler does: a request
 joins at the next step (after a prefill step, which SGLang does not time).
 """
 
@@ -81,6 +81,7 @@ class SglangDspark:
         self.forward_ct = 0
         self.layouts: list = []  # SGLang's RaggedVerifyLayout of every step (None in static mode)
         self.gen = torch.Generator().manual_seed(seed)
+        self.refusing_ranks = 0  # DP ranks whose scheduler refuses /set_internal_state (set_state)
 
     def close(self) -> None:
         self._runtime.__exit__(None, None, None)
@@ -118,12 +119,37 @@ class SglangDspark:
             req_pool_indices=indices, verify_tier_num_tokens=tier, dp_tier_num_tokens=None)
         return tokens
 
-    def set_state(self, server_args: dict) -> None:
-        """What SGLang's scheduler does with the DSpark knobs of `/set_internal_state`."""
-        if "dspark_force_budget_frac" in server_args:
-            self.planner.set_forced_budget_frac(server_args["dspark_force_budget_frac"])
-        if server_args.get("dspark_clear_info_records"):
-            self.observers.clear_info_records()
+    # what SGLang's scheduler reaches on its draft worker (DSparkWorkerV2's two methods)
+    def set_dspark_forced_budget_frac(self, frac) -> None:
+        self.planner.set_forced_budget_frac(frac)
+
+    def clear_info_records(self) -> None:
+        self.observers.clear_info_records()
+
+    def set_state(self, server_args: dict) -> list[bool]:
+        return asyncio.run(self.set_state_async(server_args))
+
+    async def set_state_async(self, server_args: dict) -> list[bool]:
+        """`/set_internal_state` as SGLang 0.5.23 answers it: each DP rank's scheduler runs its own
+        `SchedulerInternalStateController.set_internal_state` (validation, refusal, the worker
+        commands), and the tokenizer manager turns their outputs into a list of bools. `refusing_ranks`
+        more ranks answer as a non-DSpark scheduler does (refused)."""
+        from sglang.srt.managers.io_struct import SetInternalStateReq
+        from sglang.srt.managers.scheduler_components.internal_state import SchedulerInternalStateController
+        from sglang.srt.managers.tokenizer_control_mixin import TokenizerControlMixin
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        req = SetInternalStateReq(server_args=server_args)
+        ranks = [SimpleNamespace(spec_algorithm=SpeculativeAlgorithm.DSPARK, draft_worker=self)]
+        ranks += [SimpleNamespace(spec_algorithm=SpeculativeAlgorithm.NONE, draft_worker=None)] * self.refusing_ranks
+        outputs = [SchedulerInternalStateController(rank, record_step_time=False).set_internal_state(req)
+                   for rank in ranks]
+
+        async def communicator(_):
+            return outputs
+
+        manager = SimpleNamespace(auto_create_handle_loop=lambda: None, set_internal_state_communicator=communicator)
+        return await TokenizerControlMixin.set_internal_state(manager, req)
 
     def server_info(self) -> dict:
         return {"version": "0.5.23", "speculative_num_draft_tokens": GAMMA + 1, "max_running_requests": MAX_BS,
@@ -169,7 +195,6 @@ def sim_app(sim: SglangDspark):
 
     @app.post("/set_internal_state")
     async def set_internal_state(body: dict):
-        sim.set_state(body["server_args"])
-        return {"updated": True, "server_args": body["server_args"]}
+        return await sim.set_state_async(body["server_args"])
 
     return app

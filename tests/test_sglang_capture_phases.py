@@ -138,3 +138,32 @@ def test_default_concurrencies_reach_the_largest_tier():
     assert levels[-1] == 128 and list(levels) == sorted(set(levels)) and levels[0] == 1
     assert all(b <= 2 * a for a, b in zip(levels, levels[1:]))  # no gap wider than a doubling
     assert concurrencies_for([])[-1] == 8 and np.all(np.diff(concurrencies_for([])) > 0)
+
+
+def test_sglang_answers_set_internal_state_per_dp_rank_and_refuses_what_it_cannot_apply(tmp_path):
+    """SGLang's own handlers: one bool per DP rank; 0 is outside (0, 1]; a rank without a DSpark
+    worker refuses; a refused update leaves the forced fraction where it was."""
+    from sglang_sim import SglangDspark
+
+    sim = SglangDspark("compact", str(_phase1_profile().export_sglang(tmp_path)[0]))
+    try:
+        assert sim.set_state({"dspark_force_budget_frac": 0.5}) == [True]
+        assert sim.planner._budget_planner.forced_budget_frac == 0.5
+        assert sim.set_state({"dspark_force_budget_frac": 0.0}) == [False]
+        assert sim.planner._budget_planner.forced_budget_frac == 0.5
+        sim.refusing_ranks = 1
+        assert sim.set_state({"dspark_clear_info_records": True}) == [True, False]
+    finally:
+        sim.close()
+
+
+def test_a_capture_stops_when_a_dp_rank_refuses_its_budget(sglang_server, tmp_path, capsys):
+    """A rank that did not take the forced fraction would leave records of another budget in the
+    level: the capture ends with one line naming the rank, before writing anything."""
+    sim, compact = sglang_server("compact", _phase1_profile())
+    sim.refusing_ranks = 1
+    out = tmp_path / "refused.yaml"
+    assert _capture(compact, out, "--fractions", "0.5,1.0") == 2
+    err = capsys.readouterr().err.strip()
+    assert "DP rank(s) [1] of 2 refused" in err and "\n" not in err
+    assert not out.exists() and sim.forward_ct == 0  # refused at the first knob, before any load

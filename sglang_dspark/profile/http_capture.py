@@ -83,12 +83,20 @@ class ServerClient:
         except ValueError:
             raise ProfileError(f"{method} {self.base_url}{path}: the answer is not JSON") from None
 
-    def set_state(self, **server_args) -> dict:
-        """SGLang's runtime knobs; SGLang answers a refused update with {"updated": false}."""
+    def set_state(self, **server_args) -> list[bool]:
+        """SGLang's runtime knobs. SGLang 0.5.23 answers with one bool per DP rank's scheduler
+        (`TokenizerControlMixin.set_internal_state`), false where that rank refused; anything but a
+        non-empty list of trues is refused here, since records of a level whose budget some rank
+        did not take would be fitted as that budget's."""
         answer = self.call("POST", "/set_internal_state", {"server_args": server_args})
-        if isinstance(answer, dict) and answer.get("updated") is False:
-            raise ProfileError(f"/set_internal_state: the server refused {server_args}")
-        return answer
+        if isinstance(answer, list) and answer and all(a is True for a in answer):
+            return answer
+        if isinstance(answer, list) and answer:
+            refused = [i for i, a in enumerate(answer) if a is not True]
+            raise ProfileError(f"/set_internal_state: DP rank(s) {refused} of {len(answer)} refused {server_args} "
+                               "(SGLang logs why: 'Updating ... is rejected' / 'requires a DSpark draft worker')")
+        raise ProfileError(f"/set_internal_state: expected SGLang's answer, a list of one bool per DP rank, got "
+                           f"{str(answer)[:200]} for {server_args}")
 
     def close(self) -> None:
         self._http.close()

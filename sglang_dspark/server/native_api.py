@@ -89,10 +89,11 @@ async def flush_cache(request: Request) -> Response:
 
 
 @router.api_route("/set_internal_state", methods=["POST", "PUT"])
-async def set_internal_state(request: Request) -> dict:
+async def set_internal_state(request: Request) -> list[bool]:
     """SGLang's runtime knobs the SPS profiler uses: `{"server_args": {"dspark_force_budget_frac":
     f | null, "dspark_clear_info_records": bool}}`. f in [0, 1] fixes the verify budget at
-    f * requests * gamma; null gives it back to the planner."""
+    f * requests * gamma; null gives it back to the planner. Answered as SGLang answers: one bool
+    per DP rank (one here), true when the update was applied."""
     try:
         body = await request.json()
     except ValueError:
@@ -112,7 +113,8 @@ async def set_internal_state(request: Request) -> dict:
     future = engine_of(request).set_internal_state(
         force_budget_frac=frac if "dspark_force_budget_frac" in given else ...,
         clear_records=args.dspark_clear_info_records)
-    return {"updated": True, "server_args": {"dspark_force_budget_frac": await asyncio.wrap_future(future)}}
+    await asyncio.wrap_future(future)
+    return [True]
 
 
 @router.post("/generate")

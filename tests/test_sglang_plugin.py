@@ -533,3 +533,112 @@ def test_a_rank_that_neither_exports_nor_learns_stages_nothing(plugin_env, monke
         observer.around_observe_step(lambda obs, **kw: None, fake, **_observe_kwargs(3, 7))
     obs = observer.observer()
     assert obs.exporting is False and obs.pending == [] and obs.last_info is None  # no copy was staged
+
+
+def _hook_errors(hook: str) -> float:
+    from sglang_dspark.sglang_plugin import guard
+
+    errors, _ = guard._families()
+    return sum(s.value for f in errors.collect() for s in f.samples
+               if s.name.endswith("_total") and s.labels.get("hook") == hook)
+
+
+def test_a_raising_budget_hook_gives_sglangs_own_budget_for_that_step_and_serving_goes_on(plugin_env, tmp_path,
+                                                                                          monkeypatch):
+    """Through SGLang's own caller (HostConfidenceBudgetPlanner): while the SLA decision raises,
+    each step gets exactly SGLang's budget and is counted; once it stops raising, the SLA decision
+    is back. SGLang's own exception is not swallowed."""
+    from sglang.srt.plugins.hook_registry import HookType, _wrap_fn
+    from sglang.srt.speculative.dspark_components import dspark_planner as P
+
+    import sglang_dspark.core.schedule as schedule
+    from sglang_dspark.sglang_plugin import guard
+    from sglang_dspark.sglang_plugin.planner import BUDGET_HOOK, around_budget
+
+    guard.reset()
+    _, path = _profile_with_tier(tmp_path)
+    plugin_env(SGLANG_DSPARK_PROFILE=str(path), SGLANG_DSPARK_SLA_TIER="interactive")
+    original = getattr(P.compute_verify_token_budget, "__wrapped__", P.compute_verify_token_budget)
+    monkeypatch.setattr(P, "compute_verify_token_budget", _wrap_fn(original, around_budget, HookType.AROUND))
+    cfg = P.DSparkScheduleConfig(gamma=7)
+    caller = P.HostConfidenceBudgetPlanner(sps_table=_tables()[1], cfg=cfg, model_runner=None, relay_lag_steps=2)
+    real_sla = schedule.decide_budget_sla
+
+    def broken(*a, **k):
+        raise FloatingPointError("a numpy edge case")
+
+    gen = torch.Generator().manual_seed(2)
+    before = _hook_errors(BUDGET_HOOK)
+
+    def step():
+        bs = int(torch.randint(1, 16, (1,), generator=gen))
+        conf = torch.rand(bs, 7, generator=gen)
+        ones = torch.ones(bs, dtype=torch.int64)
+        got = caller.compute_budget(confidence=conf, generation=ones, current_generation=ones,
+                                    req_pool_indices_cpu=torch.arange(bs))
+        return got, torch.cumprod(conf, dim=1)
+
+    monkeypatch.setattr(schedule, "decide_budget_sla", broken)
+    for _ in range(20):
+        got, survival = step()
+        assert got == original(history_survival_probs=survival, sps_table=_tables()[1], cfg=cfg).budget
+    assert guard.failures(BUDGET_HOOK) == 20 and _hook_errors(BUDGET_HOOK) - before == 20
+    assert not guard.is_off(BUDGET_HOOK)
+    monkeypatch.setattr(schedule, "decide_budget_sla", real_sla)
+    from sglang_dspark.core.sps import SpsTable
+
+    ours = SpsTable(_load_profile(path).sps.additive)
+    for _ in range(20):
+        got, survival = step()
+        assert got == real_sla(survival, ours, 20.0).budget  # the plugin's decision again
+    assert guard.failures(BUDGET_HOOK) == 20
+
+    def sglang_bug(**_):
+        raise IndexError("SGLang's own")
+
+    plugin_env()  # no tier: the original is what runs
+    with pytest.raises(IndexError, match="SGLang's own"):
+        around_budget(sglang_bug, history_survival_probs=torch.rand(2, 7), sps_table=_tables()[1], cfg=cfg)
+    assert guard.failures(BUDGET_HOOK) == 20
+
+
+def _load_profile(path):
+    from sglang_dspark.profile.schema import SlaProfile
+
+    return SlaProfile.load(path)
+
+
+def test_a_raising_step_observer_steps_aside_and_sglangs_steps_go_on(plugin_env, monkeypatch, tmp_path):
+    """SGLang's planner and DsparkStepObservers (tests/sglang_sim.py) with our AROUND hook: the first
+    failure of our observer is logged and counted once, it is not called again, and SGLang's own
+    step records keep coming."""
+    from sglang_sim import SglangDspark
+
+    from sglang_dspark.sglang_plugin import guard, observer
+
+    guard.reset()
+    plugin_env()
+    monkeypatch.setattr(observer, "_OBSERVER", None)
+    calls = []
+
+    def broken(self, *a, **k):
+        calls.append(1)
+        raise OSError(28, "No space left on device")  # a full multiprocess directory
+
+    monkeypatch.setattr(observer.StepObserver, "observe", broken)
+    before = _hook_errors(observer.OBSERVER_HOOK)
+    sim = SglangDspark("compact")
+    try:
+        original = type(sim.observers).observe_verify_step
+        sim.observers.observe_verify_step = lambda **kw: observer.around_observe_step(original, sim.observers, **kw)
+        rids = [f"r{i}" for i in range(3)]
+        sim.prefill(rids)
+        for _ in range(6):
+            sim.step(rids)
+        observer.after_prefill_step(None, sim.observers)  # the other observer hooks stand aside too
+        records = sim.server_info()["internal_states"][0]["dspark_info_record"]["records"]
+    finally:
+        sim.close()
+    assert len(records) == 6 and len(calls) == 1
+    assert guard.is_off(observer.OBSERVER_HOOK) and _hook_errors(observer.OBSERVER_HOOK) - before == 1
+    guard.reset()

@@ -61,6 +61,7 @@ def test_build_data_resumes_and_both_sources_train_a_loadable_drafter(tiny_targe
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["steps"] == 2 and summary["num_sequences"] == len(SequenceStore([tf, op]))
     assert summary["heldout"][-1]["step"] == 2 and 0 < summary["hot_vocab_target_mass"] <= 1
+    assert (out / "tau_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     cfg = load_config(out)
     assert cfg.target_layer_ids == [1, 2] and cfg.block_size == 3 and cfg.markov_rank == 4
     assert load_draft_vocab(out / "draft_vocab.pt").numel() == 512

@@ -32,6 +32,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from sglang_dspark.sglang_plugin import guard
 from sglang_dspark.sglang_plugin.settings import settings
 
 logger = logging.getLogger(__name__)
@@ -385,18 +386,31 @@ def learned_table() -> LearnedTable | None:
     return observer().learned
 
 
+OBSERVER_HOOK = "observe_verify_step"  # guard.py's name for the observer's hooks, which step aside together
+
+
+def _observe_guarded(action) -> None:
+    """Run an observer hook's body unless the observer stepped aside; a failure makes it step aside."""
+    if guard.is_off(OBSERVER_HOOK):
+        return
+    try:
+        action()
+    except Exception as exc:  # noqa: BLE001 - guard.py: a metrics hook never ends SGLang's scheduler
+        guard.failed(OBSERVER_HOOK, exc, step_aside=True)
+
+
 def after_prefill_step(result, observers) -> None:
-    observer().note_prefill()
+    _observe_guarded(lambda: observer().note_prefill())
 
 
 def after_request_finished(result, observers, *, rid: str, natural_stop: bool) -> None:
     """AFTER DsparkStepObservers.note_request_finished: the request is done (not retracted)."""
-    observer().note_finished(rid)
+    _observe_guarded(lambda: observer().note_finished(rid))
 
 
 def after_abort_request(result, scheduler, recv_req, *args, **kwargs) -> None:
     """AFTER Scheduler.abort_request(AbortReq): those requests end without an SLA outcome."""
-    observer().note_aborted(recv_req.rid or "", bool(getattr(recv_req, "abort_all", False)))
+    _observe_guarded(lambda: observer().note_aborted(recv_req.rid or "", bool(getattr(recv_req, "abort_all", False))))
 
 
 def after_scheduler_shutdown(*_args, **_kwargs) -> None:
@@ -404,9 +418,12 @@ def after_scheduler_shutdown(*_args, **_kwargs) -> None:
     table's file, and the fit worker's exit."""
     from sglang_dspark.sglang_plugin import sts
 
-    sts.flush_all()
+    try:
+        sts.flush_all()
+    except Exception as exc:  # noqa: BLE001 - the shutdown goes on; what could not be flushed is logged
+        guard.failed("release_host_resources", exc, step_aside=False)
     if _OBSERVER is not None:
-        _OBSERVER.shutdown()
+        _observe_guarded(_OBSERVER.shutdown)
 
 
 def after_observers_init(result, observers, *args, **kwargs) -> None:
@@ -420,9 +437,10 @@ def after_observers_init(result, observers, *args, **kwargs) -> None:
 
 
 def around_observe_step(original_fn, observers, **kw):
+    """SGLang's own observers run (and raise) as without the plugin; ours run after, guarded."""
     planner = getattr(observers, "_planner", None)
     budget_planner = getattr(planner, "_budget_planner", None)
     decision = getattr(budget_planner, "last_decision", None)  # read before the info dumper consumes it
     result = original_fn(observers, **kw)
-    observer().observe(planner, kw, decision)
+    _observe_guarded(lambda: observer().observe(planner, kw, decision))
     return result

@@ -15,12 +15,39 @@ import functools
 import logging
 import sys
 
+from sglang_dspark.sglang_plugin import guard
 from sglang_dspark.sglang_plugin.settings import settings
 
 logger = logging.getLogger(__name__)
 
 
+BUDGET_HOOK = "compute_verify_token_budget"
+
+
+class _OriginalRaised(Exception):
+    """SGLang's own budget raised: its exception, not the plugin's, so it is not caught."""
+
+
 def around_budget(original_fn, *, history_survival_probs, sps_table, cfg):
+    """The step's budget (see the module doc); when the plugin's part raises, SGLang's own budget
+    for this step (guard.py), and the plugin's again from the next."""
+    @functools.wraps(original_fn)  # keeps __module__: the decision struct is read from it
+    def original(**kw):
+        try:
+            return original_fn(**kw)
+        except Exception as exc:
+            raise _OriginalRaised() from exc
+
+    try:
+        return _budget(original, history_survival_probs=history_survival_probs, sps_table=sps_table, cfg=cfg)
+    except _OriginalRaised as wrapped:
+        raise wrapped.__cause__ from None
+    except Exception as exc:  # noqa: BLE001 - guard.py: the plugin never ends SGLang's scheduler
+        guard.failed(BUDGET_HOOK, exc, step_aside=False)
+        return original_fn(history_survival_probs=history_survival_probs, sps_table=sps_table, cfg=cfg)
+
+
+def _budget(original_fn, *, history_survival_probs, sps_table, cfg):
     plugin = settings()
     if not plugin.changes_decisions:
         return original_fn(history_survival_probs=history_survival_probs, sps_table=sps_table, cfg=cfg)

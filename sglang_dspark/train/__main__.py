@@ -22,8 +22,9 @@ import torch
 
 from sglang_dspark.drafter import DSparkDraftConfig, DSparkDrafter, load_config, save_drafter
 from sglang_dspark.drafter.checkpoint import DRAFT_VOCAB_NAME, load_draft_vocab, save_draft_vocab
-from sglang_dspark.train import SUMMARY_NAME
+from sglang_dspark.train import CURVE_NAME, SUMMARY_NAME
 from sglang_dspark.train.draft_vocab import hot_vocab
+from sglang_dspark.train.curve import plot_curve
 from sglang_dspark.train.engine_tau import checkpoint_tau
 from sglang_dspark.train.losses import OBJECTIVES
 from sglang_dspark.train.shards import SequenceStore, dataset_totals, read_manifest
@@ -171,6 +172,9 @@ def main(argv=None) -> int:
                    "last_100": _window(trainer.history[-100:]), "first_100": _window(trainer.history[:100]),
                    "heldout": trainer.evals, "checkpoint_tau": trainer.checks}
         (out / SUMMARY_NAME).write_text(json.dumps(summary, indent=2))
+        plot_curve(trainer.evals, trainer.history, out / CURVE_NAME,
+                   f"{out.name}: {args.objective}, {len(config.target_layer_ids)} target layers, "
+                   f"{args.num_layers} layer(s), block {args.block_size}, {args.threads} thread(s)")
 
     trainer.on_checkpoint = export
     print(f"data: {len(store)} sequences, {store.num_tokens} tokens from {args.data}; hot vocabulary "

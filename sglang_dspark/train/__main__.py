@@ -26,6 +26,7 @@ from sglang_dspark.train import CURVE_NAME, SUMMARY_NAME
 from sglang_dspark.train.draft_vocab import hot_vocab
 from sglang_dspark.train.curve import plot_curve
 from sglang_dspark.train.engine_tau import checkpoint_tau
+from sglang_dspark.train.init_from_target import init_from_target_last_layer
 from sglang_dspark.train.losses import OBJECTIVES
 from sglang_dspark.train.shards import SequenceStore, dataset_totals, read_manifest
 from sglang_dspark.train.sources import sharegpt_pool
@@ -68,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seqs-per-step", type=int, default=2, help="sequences per optimizer step (default: %(default)s)")
     p.add_argument("--anchors-per-seq", type=int, default=64,
                    help="blocks sampled per sequence per step (default: %(default)s)")
+    p.add_argument("--init", default="random", choices=("random", "target-last-layer"),
+                   help="a new drafter's weights: random, or its layers, context path and final norm copied from "
+                        "the target's last decoder layer (train/init_from_target.py); a resumed run keeps its own "
+                        "(default: %(default)s)")
     p.add_argument("--objective", default="dspark", choices=OBJECTIVES,
                    help="dspark: the paper's 0.1 CE + 0.9 L1 + confidence BCE; kl: forward KL to the target's "
                         "hot-vocabulary distribution + CE to its argmax + the same BCE (train/losses.py) "
@@ -134,6 +139,8 @@ def main(argv=None) -> int:
         store = SequenceStore(args.data, max_tokens=args.max_data_tokens)
         heldout = SequenceStore(args.heldout) if args.heldout else None
         drafter = DSparkDrafter(config, target.embed_tokens, target.lm_head)
+        if args.init == "target-last-layer":
+            print(f"init: {init_from_target_last_layer(drafter, target)}", flush=True)
         mass = store.mass()
         hot_ids = training_vocab(out, mass, args.hot_vocab)
         loop = LoopConfig(seed=args.seed, lr=args.lr, min_lr_ratio=args.min_lr_ratio, warmup_steps=args.warmup_steps,

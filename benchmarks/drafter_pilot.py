@@ -103,7 +103,7 @@ def ngram_accuracy(train: dict, test: dict, keys, vocab: int) -> float:
         return k.numpy()
 
     guess = np.full(len(test["label"]), int(torch.mode(train["label"]).values))
-    for cols in reversed(keys):  # shortest key first, longer keys overwrite where seen
+    for cols in keys:  # shortest key first: a longer key overwrites where it was seen in training
         tk, lab = key_of(train, cols), train["label"].numpy()
         pair = np.unique(np.stack([tk, lab], 1), axis=0, return_counts=True)
         (uk, ul), counts = pair[0].T, pair[1]
@@ -150,7 +150,7 @@ def train_probe(probe: Probe, train: dict, hot_index: torch.Tensor, minutes: flo
         loss.backward()
         opt.step()
         steps, seen = steps + 1, seen + batch
-    return {"steps": steps, "positions_seen": seen, "epochs": seen / max(len(keep), 1), "last_loss": float(loss)}
+    return {"steps": steps, "positions_seen": seen, "epochs": seen / max(len(keep), 1), "last_loss": float(loss.detach())}
 
 
 @torch.no_grad()

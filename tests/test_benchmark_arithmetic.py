@@ -95,3 +95,21 @@ def test_plan_latency_median_us_times_each_call_after_warming_up(monkeypatch):
         clock["t"] += next(durations)
 
     assert plan_latency.median_us(fn, 3) == pytest.approx(3.0)
+
+
+def test_pilot_ngrams_back_off_from_the_longer_key_to_the_shorter_one():
+    """Training: after (prev 1, last 5) comes 7 twice; after last 5 alone 9 is the most frequent (3 x,
+    with prev 2). Held out: (1, 5) -> 7 from the trigram; (3, 5), an unseen pair, -> 9 from the
+    bigram; last 6, unseen, -> the most frequent label overall (9)."""
+    import torch
+
+    import drafter_pilot
+
+    def rows(prev, last, label):
+        return {"prev": torch.tensor(prev), "ctx": torch.tensor(last)[:, None], "label": torch.tensor(label)}
+
+    train = rows([1, 1, 2, 2, 2], [5, 5, 5, 5, 5], [7, 7, 9, 9, 9])
+    test = rows([1, 3, 4], [5, 5, 6], [7, 9, 9])
+    last, before = (lambda d: d["ctx"][:, 0]), (lambda d: d["prev"])
+    assert drafter_pilot.ngram_accuracy(train, test, [(last,)], vocab=10) == pytest.approx(2 / 3)  # 9, 9, 9
+    assert drafter_pilot.ngram_accuracy(train, test, [(last,), (before, last)], vocab=10) == 1.0

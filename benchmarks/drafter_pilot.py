@@ -41,8 +41,11 @@ from benchmarks.common import write_result  # noqa: E402
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--train", nargs="+", required=True, help="training dataset directories (train/build_data.py)")
-    p.add_argument("--eval", nargs="+", required=True, help="held-out dataset directories")
+    p.add_argument("--train", nargs="+", help="training dataset directories (train/build_data.py)")
+    p.add_argument("--eval", nargs="+", help="held-out dataset directories")
+    p.add_argument("--runs", nargs="*", default=[], help="training run directories (their train_summary.json) drawn "
+                   "against the probes in the PNG beside --out")
+    p.add_argument("--replot", action="store_true", help="only redraw the PNG from --out's JSON and --runs")
     p.add_argument("--model", default="smollm2-135m-instruct", help="the target (its embedding and lm_head)")
     p.add_argument("--draft", default=str(ROOT / "launch/models/smollm2-135m-instruct-dspark"),
                    help="drafter whose hot vocabulary (draft_vocab.pt) the probes draft from")
@@ -165,8 +168,43 @@ def probe_accuracy(probe: Probe, test: dict, probs: torch.Tensor, hot_ids: torch
     return hits / len(test["label"]), accept / len(test["label"])
 
 
+def plot(result: dict, runs: list[str], path: Path) -> None:
+    """First-draft greedy match (T = 0 acceptance) of each run's held-out estimates against training
+    minutes, with the probes and n-grams of position 1 as horizontal lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for run in runs:
+        evals = json.loads((Path(run) / "train_summary.json").read_text())["heldout"]
+        ax.plot([e["elapsed_s"] / 60 for e in evals], [e["greedy_match_per_position"][0] for e in evals], "o-",
+                ms=3, label=f"drafter: {Path(run).name}")
+    first = next(r for r in result["rows"] if r["position"] == 1)
+    for key, style in (("hot_coverage", ":"), ("mlp", "--"), ("linear", "--"), ("trigram", "-."), ("bigram", "-.")):
+        ax.axhline(first[key], ls=style, color="grey", lw=1)
+        ax.annotate(f"{key} {first[key]:.3f}", (0, first[key]), xytext=(2, 2), textcoords="offset points", fontsize=8)
+    ax.set_xlabel("training minutes")
+    ax.set_ylabel("held-out first-draft acceptance at T = 0")
+    ax.set_title("Drafter training against what the target's state and the bonus token predict (position 1)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="center right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    png = Path(args.out).with_suffix(".png")
+    if args.replot:
+        plot(json.loads(Path(args.out).read_text()), args.runs, png)
+        print(f"wrote {png}")
+        return 0
+    if not args.train or not args.eval:
+        print("error: --train and --eval are required (unless --replot)", file=sys.stderr)
+        return 2
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     from benchmarks.common import load_pair
@@ -216,6 +254,9 @@ def main(argv=None) -> int:
     write_result(args.out, {"benchmark": "drafter_pilot", "train": args.train, "eval": args.eval,
                             "hot_vocab": int(hot_ids.numel()), "minutes_per_probe": args.minutes, "batch": args.batch, "mlp_width": args.mlp_width,
                             "rows": rows})
+    if args.runs:
+        plot(json.loads(Path(args.out).read_text()), args.runs, png)
+        print(f"wrote {png}")
     return 0
 
 

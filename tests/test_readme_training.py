@@ -36,4 +36,7 @@ def test_each_command_parses_with_its_programs_flags(words):
         name, argv = words[1], words[2:]
         sys.path.insert(0, str(ROOT / "benchmarks"))
     module = importlib.import_module(PROGRAMS[name] or name)
-    module.build_parser().parse_args(argv)  # argparse exits 2 on an unknown flag or a bad value
+    parsed = module.build_parser().parse_args(argv)  # argparse exits 2 on an unknown flag or a bad value
+    # and each flag is written out in full (argparse also takes an abbreviation, which a new flag can break)
+    flags = [a[2:].replace("-", "_") for a in argv if a.startswith("--")]
+    assert all(hasattr(parsed, f) for f in flags), [f for f in flags if not hasattr(parsed, f)]

@@ -9,7 +9,10 @@ Both of SGLang 0.5.23's JSON formats are read and written field for field
 Our engine skips the drafter on steps whose budget is 0, which SGLang never does; a table may
 carry that saving per batch size (`draft_skip_seconds`, aligned with the additive table's
 `bs_probes`), so budget 0 is priced as the step the engine really runs. SGLang's files never
-hold it: they describe SGLang's always-drafting step.
+hold it: they describe SGLang's always-drafting step. Between two probes the saving is at most
+the interpolated *share* of the drafted step it is taken from: the seconds alone, interpolated,
+can exceed a step that bends between the probes, and a price of zero or less is a crash (1 / 0)
+or a planner that believes a step gains time. A probe's saving must be below its own step.
 
 `SpsTable` wraps either and precomputes a dense curve over every batch size, as a numpy array: the
 planner runs on the host (like SGLang's `HostConfidenceBudgetPlanner`) and a lookup becomes a
@@ -26,6 +29,8 @@ import torch
 from pydantic import model_validator
 
 from sglang_dspark.core.schema import FieldError, StrictModel
+
+MAX_SKIP_SHARE = 0.99  # a fitted undrafted step is never priced below 1 % of the drafted one
 
 
 class SpsCostTable(StrictModel):
@@ -102,6 +107,11 @@ class SpsTable:
                                  f"{len(table.bs_probes)} bs_probes")
             if any(not 0 <= s for s in draft_skip_seconds):
                 raise ValueError("draft_skip_seconds: every value must be >= 0")
+            at_probes = self._drafted_at_r(np.asarray(table.bs_probes, dtype=np.float64), table)
+            if (np.asarray(draft_skip_seconds) >= at_probes).any():
+                raise ValueError("draft_skip_seconds: each must be below the drafted step at its batch size "
+                                 f"(steps {at_probes.round(9).tolist()}, skips {list(draft_skip_seconds)})")
+            self._skip_share = (np.asarray(draft_skip_seconds) / at_probes).tolist()
         if isinstance(table, SpsCostTable):
             self.max_batch_tokens: int | None = table.max_batch_tokens
             b = torch.arange(table.max_batch_tokens + 1, dtype=torch.int64)
@@ -179,11 +189,19 @@ class SpsTable:
         head = dense[min(start, dense.size - 1) : dense.size]
         return np.concatenate([head, np.full(count - head.size, dense[-1])])
 
+    @staticmethod
+    def _drafted_at_r(r: np.ndarray, t: SpsAdditiveCostTable) -> np.ndarray:
+        """Seconds of a drafted step of R requests verifying no draft (B = R): what a skip saves from."""
+        return t.bias_seconds + np.interp(r, t.bs_probes, t.alpha_seconds) + np.interp(r, t.m_probes, t.theta_seconds)
+
     def draft_skip(self, num_requests: int) -> float:
         """Seconds a step of `num_requests` saves when its budget is 0 and the drafter is skipped."""
         if self.draft_skip_seconds is None:
             return 0.0
-        return interp_clamped(self.table.bs_probes, self.draft_skip_seconds, float(num_requests))
+        t, r = self.table, float(num_requests)
+        drafted = t.bias_seconds + interp_clamped(t.bs_probes, t.alpha_seconds, r) + interp_clamped(t.m_probes, t.theta_seconds, r)
+        return min(interp_clamped(t.bs_probes, self.draft_skip_seconds, r),
+                   interp_clamped(t.bs_probes, self._skip_share, r) * drafted)
 
     def step_seconds(self, num_requests: int, count: int) -> np.ndarray:
         """Step seconds at batch tokens B = num_requests + k for k = 0..count-1."""
@@ -213,8 +231,9 @@ class SpsTable:
         t = self.table
         seconds = t.bias_seconds + np.interp(r, t.bs_probes, t.alpha_seconds) + np.interp(b, t.m_probes, t.theta_seconds)
         if self.draft_skip_seconds is not None:
-            seconds = seconds - np.where(np.asarray(drafted, dtype=bool), 0.0,
-                                         np.interp(r, t.bs_probes, self.draft_skip_seconds))
+            skip = np.minimum(np.interp(r, t.bs_probes, self.draft_skip_seconds),
+                              np.interp(r, t.bs_probes, self._skip_share) * self._drafted_at_r(r, t))
+            seconds = seconds - np.where(np.asarray(drafted, dtype=bool), 0.0, skip)
         return seconds
 
     def __call__(self, batch_tokens: int, num_requests: int = 1, drafted: bool = True) -> float:

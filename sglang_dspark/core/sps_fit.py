@@ -20,9 +20,9 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import nnls
 
-from sglang_dspark.core.sps import SpsAdditiveCostTable, SpsCostTable, SpsTable
+from sglang_dspark.core.sps import MAX_SKIP_SHARE, SpsAdditiveCostTable, SpsCostTable, SpsTable
 
-MAX_SKIP_SHARE = 0.99  # an undrafted step is never priced below 1 % of the drafted one
+MIN_BIAS_SECONDS = 1e-5  # SGLang requires bias > 0; it is also the floor of every fitted price
 
 
 def theta_knots(batch_tokens) -> list[int]:
@@ -91,9 +91,12 @@ def fit_step_table(num_requests, batch_tokens, seconds, drafted=None, weights=No
     coef, _ = nnls(design * root[:, None], y * root)
     alpha = np.concatenate([[0.0], np.cumsum(coef[:n_alpha])])
     theta = np.cumsum(coef[n_alpha : n_alpha + n_theta])
-    bias = max(float(theta[0]) * 0.5, 1e-5)  # SGLang requires bias > 0
+    # Half of theta's base becomes the bias. Where the fit put the base at zero (the steps seen let
+    # alpha carry all of it), theta - bias must not go below zero: a region no step measured would
+    # then cost bias + alpha + theta = 0 seconds, and SPS there 1 / 0.
+    bias = max(float(theta[0]) * 0.5, MIN_BIAS_SECONDS)
     additive = SpsAdditiveCostTable(bias_seconds=bias, bs_probes=rs, alpha_seconds=alpha.tolist(),
-                                    m_probes=knots, theta_seconds=(theta - bias).tolist())
+                                    m_probes=knots, theta_seconds=np.maximum(theta - bias, 0.0).tolist())
     if not skip_rs:
         return additive, None
     skip_values = np.cumsum(coef[n_alpha + n_theta :])

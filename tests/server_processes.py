@@ -53,3 +53,11 @@ def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 6
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
     return proc.returncode
+
+
+def busy_cpus(seconds: float = 900.0) -> list[subprocess.Popen]:
+    """One busy process per CPU this process may run on, each spinning until it is stopped or
+    `seconds` pass (bounded: a test that dies leaves nothing spinning for long)."""
+    spin = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
+    return [subprocess.Popen([sys.executable, "-c", spin], start_new_session=True)
+            for _ in range(len(os.sched_getaffinity(0)))]

@@ -8,7 +8,9 @@ the drain (exit 0 within the grace period), a restart, the probes answering, and
 router (the router's pod watch does that in a cluster; here the systemd unit's ExecStartPost,
 `router_workers join`). Every request of the load test through the router completes: zero failed
 or cut streams (the kill test, tests/test_router_scale_out.py, cuts up to what the dead replica
-held)."""
+held). All of it on a CPU-starved host: a busy process per core competes with the replicas, the
+router and the load from start to end, since a production replica under load is slow too and the
+router's health checks must not eject the one left serving."""
 
 from __future__ import annotations
 
@@ -18,13 +20,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 from deploy_manifests import containers, render
-from server_processes import free_port, start_reference_server, stop
+from server_processes import busy_cpus, free_port, start_reference_server, stop
 
 from sglang_dspark import zoo
 
@@ -42,10 +45,19 @@ def _replica_manifest() -> tuple[dict, dict, str]:
     return doc["spec"]["template"]["spec"], container, cm["data"]["profile.yaml"]
 
 
-def _started(*args: str, port: int) -> subprocess.Popen:
-    """A reference server, its output read on so that it never blocks on a full pipe."""
+FAULT_WORDS = ("Traceback", "Error", "error", "failed")
+
+
+def _started(*args: str, port: int, faults: deque) -> subprocess.Popen:
+    """A reference server, its output read on so that it never blocks on a full pipe; lines that
+    report a fault are kept in `faults`, for the failure message."""
     proc = start_reference_server(*args, port=port)
-    threading.Thread(target=proc.stdout.read, daemon=True).start()
+
+    def read() -> None:
+        for line in proc.stdout:
+            if any(w in line for w in FAULT_WORDS):
+                faults.append(f"[{port}] {line.rstrip()}")
+    threading.Thread(target=read, daemon=True).start()
     return proc
 
 
@@ -138,8 +150,10 @@ def test_a_rolling_restart_through_the_router_loses_no_request(tmp_path):
     hook = container["lifecycle"]["preStop"]["exec"]["command"]
     ports = [free_port(), free_port()]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
+    faults: deque[str] = deque(maxlen=40)
+    contention = busy_cpus()
     with ThreadPoolExecutor(2) as pool:  # both load their models at once
-        replicas = list(pool.map(lambda p: _started(*replica_args, port=p), ports))
+        replicas = list(pool.map(lambda p: _started(*replica_args, port=p, faults=faults), ports))
     router_port = free_port()
     router = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router",
                                *_router_args(router_port, free_port(), urls)],
@@ -170,7 +184,7 @@ def test_a_rolling_restart_through_the_router_loses_no_request(tmp_path):
                 rc = stop(replicas[i], timeout_s=grace_s)  # SIGTERM; the drain must end within the grace period
                 drained_s = time.monotonic() - t0
                 assert rc == 0 and drained_s < grace_s, (rc, drained_s)
-                replicas[i] = _started(*replica_args, port=port)
+                replicas[i] = _started(*replica_args, port=port, faults=faults)
                 _wait(lambda: _probe_ok(url, container["readinessProbe"]), 120, "the restarted replica is not ready")
                 done = subprocess.run([sys.executable, "-m", "sglang_dspark.router_workers", "join", "--router", base,
                                        "--worker", url, "--timeout", "60"], capture_output=True, text=True, timeout=90)
@@ -184,14 +198,17 @@ def test_a_rolling_restart_through_the_router_loses_no_request(tmp_path):
         steps = [s for r in reports for s in r["steps"]]
         requests, failures = sum(s["requests"] for s in steps), sum(s["failures"] for s in steps)
         locust_failures = sum(s["locust"]["failures"] for s in steps)
-        print(f"\nrolling restart: {'; '.join(timeline)}; {len(reports)} load runs of {LOAD_USERS} streaming users: "
+        print(f"\nrolling restart, {len(contention)} busy processes beside it: {'; '.join(timeline)}; "
+              f"{len(reports)} load runs of {LOAD_USERS} streaming users: "
               f"{requests} requests, {failures} failed or cut (Locust: {locust_failures}); reports: {load.out}")
         assert requests > 0
         # which load run (10 s each from the start) and why: a flake on a loaded CI host says what it was
         failed = [(f"run {i}", s["failures"], s["errors"]) for i, r in enumerate(reports) for s in r["steps"]
                   if s["failures"]]
-        assert failures == 0 and locust_failures == 0, f"{'; '.join(timeline)}: {failed}"
+        assert failures == 0 and locust_failures == 0, f"{'; '.join(timeline)}: {failed}; replicas said: {list(faults)}"
     finally:
+        for busy in contention:
+            stop(busy)
         stop(router)
         for proc in replicas:
             stop(proc)

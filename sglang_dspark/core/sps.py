@@ -30,8 +30,6 @@ from pydantic import model_validator
 
 from sglang_dspark.core.schema import FieldError, StrictModel
 
-MAX_SKIP_SHARE = 0.99  # a fitted undrafted step is never priced below 1 % of the drafted one
-
 
 class SpsCostTable(StrictModel):
     sample_batch_tokens: list[int]

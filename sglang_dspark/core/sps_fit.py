@@ -20,8 +20,9 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import nnls
 
-from sglang_dspark.core.sps import MAX_SKIP_SHARE, SpsAdditiveCostTable, SpsCostTable, SpsTable
+from sglang_dspark.core.sps import SpsAdditiveCostTable, SpsCostTable, SpsTable
 
+MAX_SKIP_SHARE = 0.99  # a fitted undrafted step is never priced below 1 % of the drafted one
 MIN_BIAS_SECONDS = 1e-5  # SGLang requires bias > 0; it is also the floor of every fitted price
 
 

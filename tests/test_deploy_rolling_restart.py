@@ -151,17 +151,23 @@ def test_a_rolling_restart_through_the_router_loses_no_request(tmp_path):
     ports = [free_port(), free_port()]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     faults: deque[str] = deque(maxlen=40)
-    contention = busy_cpus()
-    with ThreadPoolExecutor(2) as pool:  # both load their models at once
-        replicas = list(pool.map(lambda p: _started(*replica_args, port=p, faults=faults), ports))
     router_port = free_port()
-    router = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router",
-                               *_router_args(router_port, free_port(), urls)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     base = f"http://127.0.0.1:{router_port}"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "DSPARK_ROUTER": base,
            "POD_IP": "127.0.0.1"}
-    try:
+    contention: list[subprocess.Popen] = []
+    replicas: list[subprocess.Popen] = []
+    router: subprocess.Popen | None = None
+    try:  # everything started from here on is stopped in `finally`, whichever start fails
+        contention += busy_cpus()
+        with ThreadPoolExecutor(2) as pool:  # both load their models at once
+            starts = [pool.submit(_started, *replica_args, port=p, faults=faults) for p in ports]
+        replicas += [f.result() for f in starts if f.exception() is None]
+        for f in starts:
+            f.result()  # the first failed start, raised once the other replica is kept to be stopped
+        router = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router",
+                                   *_router_args(router_port, free_port(), urls)],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         for url in urls:  # the manifest's probes answer on the replica started with its args
             for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
                 assert _probe_ok(url, container[probe]), (url, probe)
@@ -209,6 +215,7 @@ def test_a_rolling_restart_through_the_router_loses_no_request(tmp_path):
     finally:
         for busy in contention:
             stop(busy)
-        stop(router)
+        if router is not None:
+            stop(router)
         for proc in replicas:
             stop(proc)

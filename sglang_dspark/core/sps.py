@@ -192,12 +192,13 @@ class SpsTable:
         """Seconds of a drafted step of R requests verifying no draft (B = R): what a skip saves from."""
         return t.bias_seconds + np.interp(r, t.bs_probes, t.alpha_seconds) + np.interp(r, t.m_probes, t.theta_seconds)
 
-    def draft_skip(self, num_requests: int) -> float:
-        """Seconds a step of `num_requests` saves when its budget is 0 and the drafter is skipped."""
+    def draft_skip(self, num_requests: int, drafted_seconds: float | None = None) -> float:
+        """Seconds a step of `num_requests` saves when its budget is 0 and the drafter is skipped;
+        `drafted_seconds` is that step's drafted price at B = R when the caller already has it."""
         if self.draft_skip_seconds is None:
             return 0.0
         t, r = self.table, float(num_requests)
-        drafted = t.bias_seconds + interp_clamped(t.bs_probes, t.alpha_seconds, r) + interp_clamped(t.m_probes, t.theta_seconds, r)
+        drafted = float(self._drafted_at_r(r, t)) if drafted_seconds is None else drafted_seconds
         return min(interp_clamped(t.bs_probes, self.draft_skip_seconds, r),
                    interp_clamped(t.bs_probes, self._skip_share, r) * drafted)
 
@@ -209,7 +210,7 @@ class SpsTable:
         floor = t.bias_seconds + interp_clamped(t.bs_probes, t.alpha_seconds, float(num_requests))
         seconds = floor + self._window(self._dense_theta, num_requests, count)
         if self.draft_skip_seconds is not None and count:
-            seconds[0] -= self.draft_skip(num_requests)  # budget 0: no drafter in the step
+            seconds[0] -= self.draft_skip(num_requests, float(seconds[0]))  # budget 0: no drafter in the step
         return seconds
 
     def steps_per_sec(self, num_requests: int, count: int) -> np.ndarray:

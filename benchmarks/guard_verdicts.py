@@ -3,7 +3,7 @@ guard's rule against the point estimate it replaced, on simulated noisy steps at
 
 Each simulated run judges up to `--steps` planned drafted steps: 7 drafts, each accepted with
 probability `accept` until the first rejection, a step time of `cost` undrafted steps with 10 %
-log-normal noise (`tests/test_guard.py`'s `first_block`). Reported per case: the share of `--seeds`
+log-normal noise (sglang_dspark/testing/guard_sim.py, which tests/test_guard.py judges the guard by). Reported per case: the share of `--seeds`
 runs stopped, and the median judged step of the stop.
 
     python benchmarks/guard_verdicts.py [--seeds 400] [--steps 150]
@@ -20,8 +20,7 @@ import sys
 
 from common import ROOT
 
-sys.path.insert(0, str(ROOT / "tests"))
-from test_guard import first_block  # noqa: E402  (the simulation the tests judge the guard by)
+from sglang_dspark.testing.guard_sim import first_block  # the simulation the tests judge the guard by
 
 CASES = [(1.3, 0.3), (1.2, 0.3), (2.0, 0.0), (1.25, 0.0), (1.68, 0.3)]  # (cost, accept)
 

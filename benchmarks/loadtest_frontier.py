@@ -22,8 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from server_processes import free_port, start_reference_server, stop  # noqa: E402
+from sglang_dspark.testing.servers import free_port, start_reference_server, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = {  # name: launch flags beyond --model / --engine

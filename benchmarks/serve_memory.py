@@ -37,8 +37,7 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # the slow tests' server helpers: free port, start, stop
-from server_processes import free_port, start_reference_server, stop  # noqa: E402
+from sglang_dspark.testing.servers import free_port, start_reference_server, stop
 
 from sglang_dspark.engine.async_engine import IDLE_RELEASE_S  # noqa: E402
 

@@ -3,7 +3,6 @@ equal data and time, evaluate them with the previous drafter on MT-Bench and Hum
 
     python benchmarks/train_drafter.py data        # ShareGPT datasets: teacher-forced + on-policy (train),
                                                    # on-policy held-out; in parallel, resumable
-    python benchmarks/train_drafter.py arch        # short runs of candidate architectures + drafter cost
     python benchmarks/train_drafter.py train       # DSpark and DFlash (--markov-rank 0) in parallel
     python benchmarks/train_drafter.py evaluate    # new, previous and DFlash on MT-Bench + HumanEval, T = 0 / 1
     python benchmarks/train_drafter.py table       # the paper-style comparison -> benchmarks/results/
@@ -160,13 +159,13 @@ def quick() -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("phase", choices=["data", "arch", "train", "evaluate", "table", "ship", "quick"],
+    parser.add_argument("phase", choices=["data", "train", "evaluate", "table", "ship", "quick"],
                         help="which step to run (see above)")
     parser.add_argument("--minutes", type=float, default=150.0,
-                        help="data: build budget per train dataset; arch / train: training budget per run "
+                        help="data: build budget per train dataset; train: training budget per run "
                         "(default: %(default)s)")
     parser.add_argument("--num-layers", type=int, default=None,
-                        help=f"train: draft layers (default: {ARCH['num-layers']}, the measured choice)")
+                        help=f"train: draft layers (default: {ARCH['num-layers']}, the shipped drafter's)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="evaluate: tokens per prompt (default: %(default)s)")
     parser.add_argument("--benches", default=BENCHES,
                         help="evaluate: comma-separated benches, each with an optional :N, the first N prompts of "
@@ -182,10 +181,6 @@ def main() -> int:
     if args.phase == "data":
         run_parallel({f"data-{n}": build_command(n, args.minutes) for n in TRAIN_DATA})
         run_parallel({"data-heldout-op": build_command("heldout-op", None, threads=2)})
-    elif args.phase == "arch":
-        from drafter_architecture import run_candidates
-
-        run_candidates(train_command, args.minutes)
     elif args.phase == "train":
         try:
             commands = train_commands(args.minutes, args.num_layers or ARCH["num-layers"], args.only, args.threads)

@@ -424,6 +424,7 @@ def _launch_reference(args, model, draft, profile, name) -> int:
     from sglang_dspark.engine.engine import EngineConfig
     from sglang_dspark.engine.factory import build_engine
     from sglang_dspark.server import create_app, serve
+    from sglang_dspark.server.runner import READY_PREFIX
 
     config = EngineConfig(mode=args.mode, max_running=max_running, max_len=args.max_len, seed=args.seed,
                           max_queued_requests=args.max_queued_requests,
@@ -446,7 +447,7 @@ def _launch_reference(args, model, draft, profile, name) -> int:
     app = create_app(client, served_model_name=name, api_key=args.api_key, admin_api_key=args.admin_api_key,
                      tool_call_parser=args.tool_call_parser)
     serve(client, app, args.host, args.port, drain_s=args.drain_timeout,
-          ready_line=f"DSpark server ready on {url} (engine=reference, mode={args.mode}, model={name!r})")
+          ready_line=f"{READY_PREFIX} {url} (engine=reference, mode={args.mode}, model={name!r})")
     return 0
 
 

@@ -22,7 +22,7 @@ def smollm2_dir():
 @pytest.fixture
 def plugin_env(monkeypatch):
     """Set the plugin's environment and forget the cached settings around each test."""
-    from sglang_dspark.sglang_plugin import planner, settings
+    from sglang_dspark.sglang_plugin import settings
 
     def configure(**env):
         for key in (settings.PROFILE_ENV, settings.TIER_ENV, settings.LEARNING_ENV, settings.EXPORT_DIR_ENV):
@@ -30,8 +30,8 @@ def plugin_env(monkeypatch):
         for key, value in env.items():
             monkeypatch.setenv(key, value)
         settings.settings.cache_clear()
-        planner.profile_table.cache_clear()
+        settings.profile_table.cache_clear()
 
     yield configure
     settings.settings.cache_clear()
-    planner.profile_table.cache_clear()
+    settings.profile_table.cache_clear()

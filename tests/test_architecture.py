@@ -107,3 +107,70 @@ def test_engine_step_reads_as_schedule_run_postprocess_record():
                    and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) and n.func.value.id == "self")
     calls = [name for *_, name in calls]
     assert calls[:4] == ["schedule", "run", "postprocess", "record"], calls
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Every module of the package and of benchmarks/ -> the modules of ours it imports, anywhere in
+    the file (a lazy import inside a function is an arrow too). A parent package run on the way to
+    its submodule is not an arrow; benchmarks import each other by bare name (they run as scripts)."""
+    files = {}
+    for folder in (PACKAGE, ROOT / "benchmarks"):
+        for path in folder.rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    tests = {p.stem for p in (ROOT / "tests").glob("*.py")}
+
+    def ours(name: str) -> str | None:
+        parts = name.split(".")
+        return next((".".join(parts[:i]) for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in files), None)
+
+    graph = {}
+    for module, path in files.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        arrows = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
+            else:
+                continue
+            for name in names:
+                if module.startswith("benchmarks.") and name.split(".")[0] in tests:
+                    arrows.add(f"tests.{name}")
+                    continue
+                if module.startswith("benchmarks.") and f"benchmarks.{name}" in files:
+                    name = f"benchmarks.{name}"
+                target = ours(name)
+                if target and target != module:
+                    arrows.add(target)
+        graph[module] = arrows
+    return graph
+
+
+def test_no_module_of_the_package_or_benchmarks_imports_in_a_circle():
+    graph = _module_graph()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    circles = []
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == 1:
+                circles.append(" -> ".join(path[path.index(target):] + [target]))
+            elif target in graph and target not in state:
+                visit(target, path + [target])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert not circles, "import circles:\n" + "\n".join(circles)
+
+
+def test_no_benchmark_imports_the_tests():
+    leaks = sorted(f"{m} imports {t}" for m, ts in _module_graph().items() for t in ts if t.startswith("tests."))
+    assert not leaks, "benchmarks share code through sglang_dspark/testing/, not tests/: " + "; ".join(leaks)

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 from drafter_fixtures import write_tiny_model_dirs
-from server_processes import free_port, start_reference_server, stop
+from sglang_dspark.testing.servers import free_port, start_reference_server, stop
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang]
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 import pytest
 from deploy_manifests import containers, render
-from server_processes import busy_cpus, free_port, start_reference_server, stop
+from sglang_dspark.testing.servers import busy_cpus, free_port, start_reference_server, stop
 
 from sglang_dspark import zoo
 

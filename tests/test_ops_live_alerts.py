@@ -26,7 +26,7 @@ import yaml
 from engine_fixtures import (RejectedDrafter, ToyTokenizer, greedy_reference, tiny_drafter_for, tiny_engine,
                              tiny_hf_target)
 from loopback_server import serve_on_loopback
-from server_processes import free_port, stop
+from sglang_dspark.testing.servers import free_port, stop
 
 from sglang_dspark.engine import engine as engine_module
 from sglang_dspark.engine.async_engine import AsyncEngine

@@ -15,7 +15,7 @@ import pytest
 from drafter_fixtures import write_tiny_model_dirs
 from engine_fixtures import tiny_engine
 from loopback_server import serve_engine_on_loopback
-from server_processes import free_port, start_reference_server, stop
+from sglang_dspark.testing.servers import free_port, start_reference_server, stop
 
 from sglang_dspark.engine.async_engine import AsyncEngine
 

@@ -30,7 +30,7 @@ import time
 import httpx
 import pytest
 from drafter_fixtures import write_tiny_model_dirs
-from server_processes import free_port, start_reference_server, stop
+from sglang_dspark.testing.servers import free_port, start_reference_server, stop
 
 pytestmark = pytest.mark.slow
 

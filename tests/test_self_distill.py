@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_dspark.train.self_distill import SequenceWriter, is_sampled, read_sequences
+from sglang_dspark.train.self_distill import is_sampled
+from sglang_dspark.train.sequence_store import SequenceWriter, read_sequences
 
 SETTINGS = {"target": "t", "weight_format": "int4", "seed": 0, "sampled_percent": 15}
 

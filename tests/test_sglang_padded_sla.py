@@ -20,7 +20,7 @@ def plugin(monkeypatch, tmp_path):
     """The plugin configured for the interactive tier of a profile whose theta is not flat."""
     from test_profiles import make_profile
 
-    from sglang_dspark.sglang_plugin import planner, settings
+    from sglang_dspark.sglang_plugin import settings
 
     from sglang_dspark.core.sps import SpsAdditiveCostTable
 
@@ -40,12 +40,12 @@ def plugin(monkeypatch, tmp_path):
             monkeypatch.setenv(settings.GRAPH_TOKENS_ENV, ",".join(map(str, graph_tokens)))
         monkeypatch.delenv(settings.LEARNING_ENV, raising=False)
         settings.settings.cache_clear()
-        planner.profile_table.cache_clear()
+        settings.profile_table.cache_clear()
         return profile
 
     yield configure
     settings.settings.cache_clear()
-    planner.profile_table.cache_clear()
+    settings.profile_table.cache_clear()
 
 
 def _brute_force(survival: torch.Tensor, table, sizes: list[int], tok_s: float, eps: float) -> int:

@@ -82,7 +82,7 @@ def test_build_data_prefills_committed_sequences_as_written_and_resumes(tiny_tar
     a rerun continues after the last shard, and a missing --sequences is one line and exit 2."""
     from sglang_dspark.engine.target_model import TargetModel
     from sglang_dspark.train.features import teacher_forced_rows
-    from sglang_dspark.train.self_distill import SequenceWriter
+    from sglang_dspark.train.sequence_store import SequenceWriter
     from sglang_dspark.train.shards import SequenceStore, read_manifest
 
     seq_dir, out = tmp_path / "seqs", tmp_path / "feats"

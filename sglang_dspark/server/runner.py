@@ -15,6 +15,7 @@ import contextlib
 
 import uvicorn
 
+READY_PREFIX = "DSpark server ready on"  # what scripts, supervisors and tests wait for
 FLUSH_S = 5.0  # after the engine ends what still runs: time for those last responses to go out
 
 

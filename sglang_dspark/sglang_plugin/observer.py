@@ -33,7 +33,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from sglang_dspark.sglang_plugin import guard
-from sglang_dspark.sglang_plugin.settings import settings
+from sglang_dspark.sglang_plugin.settings import profile_table, settings
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +153,6 @@ class StepObserver:
                                "own table and pick its own CUDA-graph size; the profile's table is used")
             else:
                 from sglang_dspark.core.sps_online import OnlineSpsEstimator
-                from sglang_dspark.sglang_plugin.planner import profile_table
 
                 self.learner = OnlineSpsEstimator(prior=profile_table() if plugin.profile is not None else None)
                 self.export = _export(plugin, parallel)

@@ -16,7 +16,7 @@ import logging
 import sys
 
 from sglang_dspark.sglang_plugin import guard
-from sglang_dspark.sglang_plugin.settings import settings
+from sglang_dspark.sglang_plugin.settings import profile_table, settings
 
 logger = logging.getLogger(__name__)
 
@@ -71,12 +71,3 @@ def _budget(original_fn, *, history_survival_probs, sps_table, cfg):
     budget_decision = sys.modules[original_fn.__module__].VerifyBudgetDecision
     return budget_decision(budget=decision.budget, predicted_step_seconds=decision.predicted_step_seconds,
                            predicted_theta=decision.predicted_theta)
-
-
-@functools.lru_cache(maxsize=1)
-def profile_table():
-    """The profile's table as SGLang's worker runs it: always drafting (no drafter-skip saving)."""
-    from sglang_dspark.core.sps import SpsTable
-
-    sps = settings().profile.sps
-    return SpsTable(sps.additive if sps.additive is not None else sps.cost)

@@ -65,3 +65,12 @@ def settings() -> PluginSettings:
         raise ProfileError(f"{GRAPH_TOKENS_ENV}={graph!r}: token counts must be >= 1")
     return PluginSettings(profile, tier, os.environ.get(LEARNING_ENV, "") not in ("", "0", "false"), sizes,
                           os.environ.get(EXPORT_DIR_ENV) or None)
+
+
+@functools.lru_cache(maxsize=1)
+def profile_table():
+    """The profile's table as SGLang's worker runs it: always drafting (no drafter-skip saving)."""
+    from sglang_dspark.core.sps import SpsTable
+
+    sps = settings().profile.sps
+    return SpsTable(sps.additive if sps.additive is not None else sps.cost)

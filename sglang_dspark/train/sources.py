@@ -107,7 +107,7 @@ class StoredRecord:
 
 def stored_records(directory) -> list[StoredRecord]:
     """Every sequence of a self_distill directory, in the order it was written."""
-    from sglang_dspark.train.self_distill import read_sequences
+    from sglang_dspark.train.sequence_store import read_sequences
 
     return [StoredRecord(rid, domain, tuple(tokens), plen) for tokens, plen, _, rid, domain in read_sequences(directory)]
 

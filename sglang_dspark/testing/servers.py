@@ -1,5 +1,6 @@
-"""Servers in subprocesses, on loopback only (slow tests): a free port, a reference server started
-through `python -m sglang_dspark.launch` and waited for, a process group stopped on exit."""
+"""Servers in subprocesses, on loopback only (slow tests and the serving benchmarks): a free port, a
+reference server started through `python -m sglang_dspark.launch` and waited for, a process group
+stopped on exit, and busy processes to contend with it."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-READY_LINE = "DSpark server ready on"
+from sglang_dspark.server.runner import READY_PREFIX
+
+ROOT = Path(__file__).resolve().parents[2]  # the checkout, where `python -m sglang_dspark` runs
 
 
 def free_port() -> int:
@@ -36,7 +38,7 @@ def start_reference_server(*launch_args: str, port: int, timeout_s: float = 180.
             proc.wait(timeout=30)
             break
         lines.append(line)
-        if READY_LINE in line:
+        if READY_PREFIX in line:
             return proc
     stop(proc)
     raise AssertionError("server did not become ready:\n" + "".join(lines[-30:]))

@@ -19,8 +19,7 @@ json arms only; the masking of the logits themselves (engine/grammar.py's `maske
 
     python benchmarks/grammar_cost.py [--concurrency 1,8] [--max-tokens 32] [--repeats 3]
 
-(minutes, most of them in the verify-all arms; at --max-tokens 48 it took 11 minutes on a busy 2-core
-host, benchmarks/RESULTS.md)
+(minutes, most of them in the verify-all arms; benchmarks/RESULTS_LOG.md has how long it took)
 """
 
 from __future__ import annotations

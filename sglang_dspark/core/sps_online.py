@@ -23,8 +23,7 @@ the median measured / prior ratio of undrafted steps, its drafted prices by that
 and 2x a 1-token step); steps 1, 2, 4, ... 16, and the first few drafted ones, each trigger a refit.
 After that a refit is due every `refit_every` steps, and with `fit_share` no sooner than when the
 steps since the last one took `1 / fit_share` times as long as that fit took, or `MAX_REFIT_DELAY`
-intervals passed (the engine's learner:
-a fit of 2-3 ms every 16 steps of 9 ms, int4 on a 2-core CPU, was 2 % of the engine's time).
+intervals passed (a fit every 16 steps would take a measurable share of a CPU engine's time).
 """
 
 from __future__ import annotations
@@ -241,7 +240,7 @@ def _prior_grid(prior: SpsTable) -> list[tuple[int, int, bool]]:
 
 def untested_table(undrafted: dict[int, float] | None = None) -> SpsTable:
     """A table for an engine that has never drafted: a budget-0 step costs what was measured
-    (R -> seconds; 10 ms before any step), any draft costs PROHIBITIVE_SECONDS more, so a planner
+    (R -> seconds; `{1: 0.01}` before any step), any draft costs PROHIBITIVE_SECONDS more, so a planner
     on it verifies nothing until drafting has been measured."""
     undrafted = undrafted or {1: 0.01}
     rs = sorted(undrafted)

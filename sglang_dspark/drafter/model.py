@@ -390,7 +390,7 @@ class DraftKVCache:
         device = self.kv.device
         hidden = torch.cat([h for _, _, h in pieces]).to(device)
         # indices in a few vectorized ops: a slot undrafted for 256 steps stages 256 pieces, and an
-        # arange and a full per piece cost 4 ms of a probe at R = 4
+        # arange and a full per piece would cost more than the probe's own step
         lens = torch.tensor([h.shape[0] for _, _, h in pieces], device=device)
         first = torch.repeat_interleave(torch.cumsum(lens, 0) - lens, lens, output_size=hidden.shape[0])
         positions = (torch.repeat_interleave(torch.tensor([s for _, s, _ in pieces], device=device), lens,

@@ -158,9 +158,9 @@ class AsyncEngine:
     def built_on_its_thread(cls, build: Callable[[], Engine]) -> "AsyncEngine":
         """An AsyncEngine whose engine `build()` makes on the engine thread itself, which then waits
         for `start()`. Every torch op of the engine, loading and tuning included, then runs on one
-        native thread: on a 2-core Intel Xeon, decode steps ran 1.45x slower (57 against 39 ms at
-        R = 1) on a thread other than the one that had loaded the models, GNU OpenMP's thread pools
-        of the two getting in each other's way (benchmarks/RESULTS.md, "One thread for torch").
+        native thread: decode steps ran markedly slower on a thread other than the one that had
+        loaded the models, GNU OpenMP's thread pools of the two getting in each other's way
+        (benchmarks/RESULTS_LOG.md, "One thread for torch").
         `build()`'s exception is raised here."""
         built: Future = Future()
         go = threading.Event()

@@ -1,9 +1,9 @@
 """The drafter's inference arithmetic on the package's CPU row kernels (kernels/cpu_rows.py).
 
 Why: a draft block is a one-layer model over gamma rows per request, and on a CPU its cost was
-dispatch, not arithmetic. On the Intel Xeon with AMX a block of 7 at R = 1 took 2.8 ms through
-torch's ops (about 980 aten calls; bfloat16 GEMMs of 7 rows cost 20-160 us each in oneDNN), against
-8 ms for a whole target step on the row kernels, so drafting could not pay. Here the drafter's
+dispatch, not arithmetic: through torch's ops a block of 7 is about 980 aten calls, a third of a
+whole target step on the row kernels, so drafting could not pay (benchmarks/RESULTS_LOG.md, "The
+drafter on the row kernels"). Here the drafter's
 Linear layers are int8 with one scale per output row (q/k/v and gate/up fused, the hot vocabulary's
 lm_head and Markov rows included) through `q8_rows_mm`, its norms, RoPE and cache writes are one
 kernel call each, and the block attends through `rows_attention` over its context K/V and its own,
@@ -56,9 +56,9 @@ class DraftRows:
     """A drafter's weights repacked for the row kernels, and its three inference passes. The Linear,
     Markov W1 and confidence weights are copies taken at construction (norm weights are read live):
     load new weights into a drafter before building its DraftRows, not after. Context
-    flushes of any size take the row kernels too: the modules' bfloat16 GEMM was faster for 512 warm
-    rows (2.8 ms against 4.8) but oneDNN builds a kernel for every new row count, and a flush's count
-    is new almost every time (in the engine 260 rows took 18 ms through the modules)."""
+    flushes of any size take the row kernels too: the modules' bfloat16 GEMM is faster for many warm
+    rows, but oneDNN builds a kernel for every new row count, and a flush's count is new almost
+    every time."""
 
     @staticmethod
     def fits(drafter) -> bool:
@@ -83,7 +83,7 @@ class DraftRows:
         markov = drafter.markov_head  # the greedy chain's kernel knows the vanilla head only
         self.markov_w1 = (markov.markov_w1.weight.detach().to(torch.bfloat16).contiguous()
                           if type(markov) is VanillaMarkov else None)
-        head = drafter.confidence_head  # one output: a float32 dot product, not a bfloat16 GEMM (76 us)
+        head = drafter.confidence_head  # one output: a float32 dot product, not a bfloat16 GEMM call
         self.confidence_weight = None if head is None else head.proj.weight.detach().float()[0]
         self.confidence_bias = None if head is None else head.proj.bias.detach().float()[0]
         self.vocab_changed(drafter)

@@ -1,10 +1,10 @@
 """bfloat16 Linear layers at one row: `torch.mv` where it keeps a row's bits batch-invariant, or runs faster.
 
-A decode step at R = 1 multiplies every weight by one row. On an Intel Xeon with AMX (2 cores,
-torch 2.14) `F.linear` in bfloat16 took 27.5 ms at one row over SmolLM2-135M's Linear layers and
-28-29 ms at 4-8 rows, while `torch.mv` on the same weights took 21.3 ms: one-row bfloat16 was slower
-than float32 (24.8 ms) until then, so `auto` kept float32 and lost the flat verify cost that
-bfloat16 has there (8 rows for 1.08x one). `benchmarks/target_forward.py` measures whole steps.
+A decode step at R = 1 multiplies every weight by one row. On an Intel Xeon with AMX `F.linear` in
+bfloat16 at one row cost about what it cost at 4-8 rows and more than `torch.mv` on the same weights:
+one-row bfloat16 was slower than float32 until then, so `auto` kept float32 and lost the flat
+verify cost that bfloat16 has there (`benchmarks/target_forward.py` measures whole steps; the
+figures are in benchmarks/RESULTS_LOG.md, "An Intel Xeon with AMX").
 
 The kernel is chosen per weight shape at load. First by batch invariance: a one-row decode's output
 must equal that row's output inside a multi-row verify block bit for bit (verify rows run `F.linear`),

@@ -31,7 +31,7 @@ MODES = ("target", "full", "scheduled")
 SOURCES = ("flat", "profile", "profile+online", "seeded+online", "online")
 EXPLORE_SLACK = 0.9  # explore unless the best case is >10 % short of paying: noise must not prune
 
-LEARNER_FIT_SHARE = 0.002  # the learner refits at most 0.2 % of the engine thread's step time (a fit: about 4 ms)
+LEARNER_FIT_SHARE = 0.002  # the learner's refits take at most 0.2 % of the engine thread's step time
 
 @dataclass(frozen=True)
 class DraftPlan:
@@ -147,7 +147,7 @@ class SpeculationPolicy:
     def _exploring(self, request_ids: Sequence[str]) -> bool:
         """The batch size's bucket has fewer than `explore_until` drafted steps and a probe there
         could measure a budget that pays. Decided once per batch size and drafted-step count: the
-        answer's scan of up to 2048 samples (`_probe_budget`) cost about 1 ms, on every plain step."""
+        answer's scan of up to 2048 samples (`_probe_budget`) would otherwise run on every plain step."""
         num = len(request_ids)
         drafted = self.learner.drafted_in_bucket(bucket(num)) if self.learner is not None else self.explore_until
         if drafted >= self.explore_until:
@@ -241,7 +241,7 @@ class SpeculationPolicy:
 
     def _undrafted_seconds(self, num_requests: int) -> float:
         """The table's plain step at this batch size, kept until the table or the size changes
-        (0.05 ms a step to recompute: 0.5 % of a 9 ms step)."""
+        (recomputing it every step is a visible share of a CPU's plain step)."""
         memo = self._undrafted_memo
         if memo is None or memo[0] is not self.sps or memo[1] != num_requests:
             memo = self._undrafted_memo = (self.sps, num_requests, float(self.sps.step_seconds(num_requests, 1)[0]))

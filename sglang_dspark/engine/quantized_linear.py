@@ -12,9 +12,8 @@ Two kernel paths, chosen per layer at construction (`kernel` names it):
   products, the weights streaming from memory once per call whatever the row count; int4 keeps the
   scale and minimum in float16, as the GGUF does. This is the class of arithmetic llama.cpp's CPU
   backend uses for Q4_1 weights (its Q8_1 blocks keep float16 scales and round half away from zero;
-  ours keep float32 and round half to even); int8 weights keep one scale per output row. On a
-  2-core Intel Xeon with AMX, SmolLM2's 120 decoder Linear layers took 4.6 ms at 1 row and 6.7 at
-  8 against aten's int4 kernel's 6.1 and 12.9 (benchmarks/cpu_rows.py).
+  ours keep float32 and round half to even); int8 weights keep one scale per output row. They
+  beat aten's int4 kernel at every row count, the more the more rows (benchmarks/cpu_rows.py).
 - aten's weight-only kernels elsewhere (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`),
   bfloat16 rows; aten's int4 kernel takes each group's scale and zero point (minimum + 8 scales)
   in bfloat16, so those two are rounded (a group far from zero relative to its range loses

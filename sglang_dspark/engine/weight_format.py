@@ -2,10 +2,10 @@
 
 A decode or verify step of a small model on a CPU streams every weight from memory once, so the
 bytes per weight set the step's floor, and the GEMM library's path for a few rows sets how fast a
-verify width grows. Measured on a 2-core AMD EPYC (Zen 5, AVX-512 BF16) for SmolLM2-135M, every
-Linear of the 30 layers plus the lm_head (benchmarks/target_forward.py): float32 costs 36 ms at
-1 row and 50-65 ms at 2-4 rows; bfloat16 (oneDNN) 11 ms at 1 row and 13 ms at 8, the flat-then-rising
-cost of a GPU that DSpark's scheduler is built for.
+verify width grows. On a CPU with AVX-512 BF16, float32's step grows steeply from 1 row to 2-4,
+while bfloat16 (oneDNN) stays nearly flat up to 8 rows: the flat-then-rising cost of a GPU that
+DSpark's scheduler is built for (benchmarks/target_forward.py; figures in benchmarks/RESULTS_LOG.md,
+"Weight formats").
 
 Formats:
 - `float32`: the checkpoint's values; Linear weights in two layouts (engine/weight_layout.py).

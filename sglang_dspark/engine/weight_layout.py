@@ -7,8 +7,7 @@ BLAS can switch at a few rows to a path several times slower than a plain GEMM o
 faster. Which layout wins where depends on the CPU and its BLAS: on an Intel Xeon with MKL row-major
 won at 1-3 rows and lost from 4 (benchmarks/target_forward.py measures both); on an AMD EPYC with the
 same MKL the lm_head was slower row-major at 1-3 rows too, and a greedy 2-token verify cost about
-twice a 1-token step until the layouts were timed here (benchmarks/decode_speed.py, target-only at
-C = 1: 16.8 -> 22.2 tok/s on that host). So a
+twice a 1-token step until the layouts were timed here (benchmarks/decode_speed.py). So a
 packed Linear keeps both copies and a per-shape set of row counts that use the row-major one:
 rows 1-3 until `tune_layouts` has timed both layouts on this host. Values, shapes and state-dict names
 are unchanged. The cost is a second copy of every Linear weight (538 MB for SmolLM2-135M in float32).

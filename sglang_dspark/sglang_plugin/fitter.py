@@ -2,8 +2,8 @@
 
 A refit (core/sps_online.py: a weighted NNLS fit over up to 2,048 steps, twice) is pure Python and
 numpy; on a thread of the scheduler process it holds the GIL that SGLang's scheduler thread needs
-between steps (benchmarks/plugin_overhead.py measured a 56 ms fit taking 129 ms beside a busy main
-thread, the main thread stalled the while). Here it runs in one persistent child per scheduler
+between steps (benchmarks/plugin_overhead.py: beside a busy main thread a fit took more than twice as long,
+the main thread stalled the while). Here it runs in one persistent child per scheduler
 process, started once with the learner; the scheduler thread only hands the samples over (a few
 arrays, one write to a socket) and picks the fitted table up when it has arrived (a poll), never
 waiting for either. It also writes the learned table to the export directory (export.py).
@@ -36,7 +36,7 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 _THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-# A refit takes 25-60 ms (beside a busy scheduler, a few hundred): one not back after this long is a
+# A refit takes well under a second, even beside a busy scheduler: one not back after this long is a
 # hung worker, killed, and the refits move to the fallback thread instead of stopping for good.
 FIT_DEADLINE_S = 30.0
 PARENT_CHECK_S = 1.0  # how often an idle child checks that its parent still lives

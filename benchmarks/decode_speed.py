@@ -12,6 +12,8 @@ Arms (`--arms`):
 - `seeded`: scheduled on `--seed-profile` (a profile captured on other hardware; by default a copy
   of `--profile` whose hardware field names another CPU) the way `launch` uses it on this host:
   "seeded+online". With `default` on a profile of this host, one run measures both launch paths.
+- `nolag`: `default` with the planner reading its lagged confidences as they are, uncorrected
+  (core/lag_calibration.py off: the scheduler before lag calibration);
 - diagnostics of what `default` pays when it drafts nothing: `dormant`, the default engine whose
   planner never drafts (no probes either; the drafter's context is still captured and staged, the
   policy and learner still run), and `dormant-nostage`, the same without staging that context.
@@ -43,8 +45,8 @@ from pathlib import Path
 import torch
 from common import add_common_args, balanced_order, heldout_prompts, load_pair, serve_all
 DORMANT = ("dormant", "dormant-nostage")
-ARMS = ("target", "full", "default", "online", "static", "seeded", *DORMANT)
-SCHEDULED = ("default", "online", "static", "seeded", *DORMANT)
+ARMS = ("target", "full", "default", "nolag", "online", "static", "seeded", *DORMANT)
+SCHEDULED = ("default", "nolag", "online", "static", "seeded", *DORMANT)
 
 
 def run_mode(engine, prompts: list[list[int]], params) -> dict:
@@ -105,7 +107,9 @@ def engine_for(arm: str, pair, launch_profiles: dict, concurrency: int, model: s
     config = EngineConfig(mode=mode, max_running=concurrency, max_len=1024, learn_sps=arm != "static")
     engine = Engine(target, tokenizer, drafter if mode != "target" else None, config=config, sps=sps,
                     sts_temperatures=profile.sts_temperatures(), model_name=model,
-                    sps_seeded=arm in ("default", "seeded", *DORMANT) and resolved.seed_only)
+                    sps_seeded=arm in ("default", "nolag", "seeded", *DORMANT) and resolved.seed_only)
+    if arm == "nolag":
+        engine.policy.planner.calibration = None
     if arm in DORMANT:
         from sglang_dspark.engine.policy import NO_DRAFT
 

@@ -174,3 +174,43 @@ def test_no_module_of_the_package_or_benchmarks_imports_in_a_circle():
 def test_no_benchmark_imports_the_tests():
     leaks = sorted(f"{m} imports {t}" for m, ts in _module_graph().items() for t in ts if t.startswith("tests."))
     assert not leaks, "benchmarks share code through sglang_dspark/testing/, not tests/: " + "; ".join(leaks)
+
+
+def _protocol_methods(cls) -> dict[str, inspect.Signature]:
+    return {name: inspect.signature(fn) for name, fn in vars(cls).items()
+            if callable(fn) and not name.startswith("_")}
+
+
+def test_the_drafter_calls_on_its_backend_only_what_the_protocol_declares():
+    from sglang_dspark.drafter.backend import DraftBackend
+
+    declared = set(_protocol_methods(DraftBackend))
+    tree = ast.parse((PACKAGE / "drafter" / "model.py").read_text())
+    called = set()
+    for node in ast.walk(tree):  # rows.f(...) and self.rows.f(...) / self.drafter.rows.f(...)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = node.func.value
+            if (isinstance(owner, ast.Name) and owner.id == "rows") or \
+                    (isinstance(owner, ast.Attribute) and owner.attr == "rows"):
+                called.add(node.func.attr)
+    assert called, "the drafter no longer calls a backend: update this test and drafter/backend.py"
+    assert called <= declared, f"drafter/model.py calls {sorted(called - declared)} on `rows`, not in DraftBackend"
+
+
+def test_the_row_kernel_backend_implements_the_protocol_with_its_parameters():
+    from sglang_dspark.drafter.backend import DraftBackend
+    from sglang_dspark.engine.draft_rows import DraftRows
+
+    for name, sig in _protocol_methods(DraftBackend).items():
+        assert hasattr(DraftRows, name), f"DraftRows lacks {name}"
+        got = inspect.signature(inspect.unwrap(getattr(DraftRows, name)))
+        assert list(got.parameters) == list(sig.parameters), (name, got, sig)
+
+
+def test_greedy_drafting_is_a_property_of_the_sampler():
+    from sglang_dspark.drafter.sampling import argmax_sampler, greedy_sampler, is_argmax
+
+    assert is_argmax(argmax_sampler) and not is_argmax(greedy_sampler)
+    assert not is_argmax(lambda logits, k: argmax_sampler(logits + 1.0, k))  # a wrapper is not
+    source = (PACKAGE / "drafter" / "model.py").read_text()
+    assert "is argmax_sampler" not in source and "is_argmax(sampler)" in source

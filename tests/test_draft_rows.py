@@ -173,8 +173,11 @@ def test_the_greedy_chain_drafts_what_the_per_position_loop_drafts(hot):
         drafter.set_draft_vocab(torch.arange(1, drafter.lm_head_weight.shape[0], 2))
     chain_cache, loop_cache = _filled_caches(drafter)
     anchors, anchor_pos = torch.tensor([5, 7, 9]), torch.tensor(CONTEXT)
+    chains, chain = [], drafter.rows.greedy_chain
+    drafter.rows.greedy_chain = lambda *a: chains.append(1) or chain(*a)  # which path each draft took
     chained = drafter.draft(chain_cache, [0, 1, 2], anchors, anchor_pos, sampler=argmax_sampler)
     looped = drafter.draft(loop_cache, [0, 1, 2], anchors, anchor_pos, sampler=lambda x, k: argmax_sampler(x, k))
+    assert len(chains) == 1  # the argmax sampler took the chain, a wrapper of it the loop
     assert chained.probs is None and torch.equal(chained.tokens, looped.tokens)
     assert torch.equal(chained.conf_logits, looped.conf_logits)
     if hot:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from sglang_dspark.core.lag_calibration import LagCalibration
 from sglang_dspark.core.sps import SpsTable
 
 SURVIVAL_EPS = 1e-6  # SGLang's candidate floor (`DSparkScheduleConfig.survival_eps`)
@@ -192,6 +193,9 @@ class AsyncPlanner:
     next bucket and fill it with further drafts, since padded slots cost the same time.
     `sla_tok_s_per_user` switches the capacity search to `decide_budget_sla`, with the engine's
     measured per-step `overhead_seconds` and `time_scale`, and gates admission (`can_admit`).
+    With `calibrate_lag` the lagged survival is corrected by how such rows have held up
+    (`LagCalibration`, fed by `verified`), in capacity, admission and `expected_tokens` alike;
+    without any verified step the correction is the identity.
     """
 
     def __init__(
@@ -203,6 +207,7 @@ class AsyncPlanner:
         buckets: Sequence[int] | None = None,
         sla_tok_s_per_user: float | None = None,
         prior: str = "one",
+        calibrate_lag: bool = False,
     ):
         if lag < 1:
             raise ValueError(f"lag must be >= 1, got {lag}")
@@ -215,6 +220,9 @@ class AsyncPlanner:
         self.sla_tok_s_per_user = sla_tok_s_per_user
         self.buckets = sorted(int(b) for b in buckets) if buckets else None
         self._history: dict[Hashable, deque[torch.Tensor]] = {}
+        self._observed_at: dict[Hashable, deque[int]] = {}  # the planner step of each history row
+        self.clock = 0  # planner steps: capacity() calls
+        self.calibration = LagCalibration(gamma, lag) if calibrate_lag else None
         self.last_decision: BudgetDecision | None = None
         self.overhead_seconds = 0.0  # SLA mode: the engine's measured non-forward time per decode step
         self.time_scale = 1.0  # SLA mode: how much slower steps run than the table predicts (engine-measured)
@@ -231,6 +239,21 @@ class AsyncPlanner:
             hist = self._history.get(rid)
             rows.append(hist[0] if hist is not None and len(hist) == self.lag else None)
         return rows
+
+    def _groups(self, request_ids: Sequence[Hashable]) -> list[int]:
+        """Each request's lagged row's age group (LagCalibration.group), at the current step."""
+        ages = []
+        for rid in request_ids:
+            at = self._observed_at.get(rid)
+            ages.append(self.clock - at[0] if at is not None and len(at) == self.lag else None)
+        return [self.calibration.group(a) for a in ages]
+
+    def _survival(self, request_ids: Sequence[Hashable]) -> np.ndarray:
+        """The lagged survival [R, G] the decisions read: corrected where lag calibration is on."""
+        conf = self._lagged_conf(request_ids)
+        if self.calibration is not None:
+            conf = self.calibration.correct(conf, self._groups(request_ids))
+        return _host_survival(conf)
 
     def _lagged_conf(self, request_ids: Sequence[Hashable]) -> torch.Tensor:
         rows = self._lagged_rows(request_ids)
@@ -253,11 +276,14 @@ class AsyncPlanner:
         """Verify budget for this step, from history only (call before drafting)."""
         if not request_ids:
             return 0
+        self.clock += 1
         key = (self._history_version, tuple(request_ids), self.sla_tok_s_per_user, self.overhead_seconds, self.time_scale)
+        if self.calibration is not None:
+            key += (self.calibration.version, tuple(self._groups(request_ids)))
         if self._memo is not None and self._memo[0] is self.sps and self._memo[1] == key:
             decision = self._memo[2]
         else:
-            survival = torch.from_numpy(_host_survival(self._lagged_conf(request_ids)))
+            survival = torch.from_numpy(self._survival(request_ids))
             if self.sla_tok_s_per_user is None:
                 decision = decide_budget(survival, self.sps, early_stop=False)
             else:
@@ -270,7 +296,7 @@ class AsyncPlanner:
     def expected_tokens(self, request_ids: Sequence[Hashable], budget: int) -> float:
         """Tokens a step over `request_ids` emits in expectation when the `budget` most likely drafts
         are verified, from the lagged confidences (history only, as `capacity`)."""
-        values, _ = _ranked_candidates(_host_survival(self._lagged_conf(request_ids)))
+        values, _ = _ranked_candidates(self._survival(request_ids))
         return len(request_ids) + float(values[: max(0, budget)].sum())
 
     def can_admit(self, request_ids: Sequence[Hashable], measured_slowest: float | None = None) -> bool:
@@ -294,17 +320,33 @@ class AsyncPlanner:
         rows = [typical if r is None else r for r in lagged]
         speed = functools.partial(sla_speed, sps=self.sps, tok_s_per_user=self.sla_tok_s_per_user,
                                   overhead_seconds=self.overhead_seconds, time_scale=self.time_scale)
-        if speed(torch.from_numpy(_host_survival(typical[None]))) < self.sla_tok_s_per_user:
+        groups = None  # a row that stands in for a request without history is the mean of lagged rows
+        if self.calibration is not None:
+            groups = [1 if r is None else g for r, g in zip(lagged, self._groups(request_ids))] + [1]
+
+        def survival(conf: torch.Tensor, row_groups) -> torch.Tensor:
+            conf = conf if row_groups is None else self.calibration.correct(conf, row_groups)
+            return torch.from_numpy(_host_survival(conf))
+
+        if speed(survival(typical[None], None if groups is None else [1])) < self.sla_tok_s_per_user:
             return True  # out of reach even alone: the fallback does not limit admission
         if measured_slowest is not None and measured_slowest < self.sla_tok_s_per_user:
             return False
-        grown = torch.from_numpy(_host_survival(torch.stack([*rows, typical])))
-        return speed(grown) >= self.sla_tok_s_per_user
+        return speed(survival(torch.stack([*rows, typical]), groups)) >= self.sla_tok_s_per_user
 
     def allocate(self, conf: torch.Tensor, capacity: int) -> torch.Tensor:
         """Per-request verify lengths [R] for this step's conditional survivals conf [R, G]."""
         _, order = _ranked_candidates(_host_survival(conf))
         return _lens_from_order(order, capacity, conf.shape[0])
+
+    def verified(self, request_ids: Sequence[Hashable], verify_lens, num_accepted) -> None:
+        """This step's verified drafts per request, against what the lagged rows its capacity read
+        promised (call before `observe` adds this step's rows). Feeds the lag calibration."""
+        if self.calibration is None:
+            return
+        conf = self._lagged_conf(request_ids).double().numpy()
+        for i, group in enumerate(self._groups(request_ids)):
+            self.calibration.observe(group, conf[i], int(verify_lens[i]), int(num_accepted[i]))
 
     def observe(self, request_ids: Sequence[Hashable], conf: torch.Tensor) -> None:
         """Record this step's confidences; they inform the capacity `lag` steps later."""
@@ -315,7 +357,9 @@ class AsyncPlanner:
             self._prior_sum += conf.sum(dim=0, dtype=torch.float64)
         for i, rid in enumerate(request_ids):
             self._history.setdefault(rid, deque(maxlen=self.lag)).append(conf[i])
+            self._observed_at.setdefault(rid, deque(maxlen=self.lag)).append(self.clock)
 
     def release(self, request_id: Hashable) -> None:
         self._history_version += 1
         self._history.pop(request_id, None)
+        self._observed_at.pop(request_id, None)

@@ -18,10 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang_dspark.drafter.backend import DraftBackend
 from sglang_dspark.drafter.config import DSparkDraftConfig
 from sglang_dspark.drafter.heads import MARKOV_HEADS, ConfidenceHead
 from sglang_dspark.drafter.layers import DraftDecoderLayer, rope_cos_sin
-from sglang_dspark.drafter.sampling import Sampler, argmax_sampler, temperature_sampler
+from sglang_dspark.drafter.sampling import Sampler, is_argmax, temperature_sampler
 
 
 @dataclass
@@ -72,7 +73,7 @@ class DSparkDrafter(nn.Module):
             self.register_buffer(name, None, persistent=False)
         # inference on the CPU row kernels (engine/draft_rows.py), set by engine/weight_format.py: a
         # plain attribute, not a submodule, so its int8 copies never enter the state dict
-        self.rows = None
+        self.rows: DraftBackend | None = None
 
     @property
     def gamma(self) -> int:
@@ -237,7 +238,7 @@ class DSparkDrafter(nn.Module):
         else:
             hidden = self._backbone_from_cache(cache, slot_index, anchor_pos, block_ids, pos)
             base = self.base_logits(hidden, self._vocab_lm_head)  # [R, G, V], or [R, G, S] over a draft vocabulary
-        chain = rows.greedy_chain(base, anchors) if rows is not None and sampler is argmax_sampler else None
+        chain = rows.greedy_chain(base, anchors) if rows is not None and is_argmax(sampler) else None
         if chain is not None:  # every position's argmax in one kernel call: no per-position Python
             tokens, probs = chain, None
         else:

@@ -40,3 +40,13 @@ def argmax_sampler(logits: torch.Tensor, k: int):
     compares argmaxes, so the gamma [R, V] one-hots (and their expansion to the full vocabulary)
     would be built and never read."""
     return logits.argmax(dim=-1), None
+
+
+argmax_sampler.argmax_of_logits = True  # its tokens are the raw logits' argmax: `is_argmax`
+
+
+def is_argmax(sampler: Sampler) -> bool:
+    """Whether `sampler`'s tokens are exactly the argmax of the logits it is given, with no
+    distribution reported: a backend may then draft every position at once. A sampler that changes
+    the logits first (a bias, a grammar) is not, whatever it wraps."""
+    return getattr(sampler, "argmax_of_logits", False) is True

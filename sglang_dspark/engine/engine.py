@@ -268,7 +268,7 @@ class Engine:
         R, drafted = len(d.rows), d.drafts is not None
         num_tokens = R + int(d.lens.sum())
         if drafted:
-            self.policy.observe(ids, d.conf)
+            self.policy.observe(ids, d.conf, d.lens, d.num_accepted)
             for i, rid in enumerate(ids):
                 for observer in self._round_observers:
                     observer(rid, int(d.num_accepted[i]), int(d.lens[i]), d.conf_logits[i])

@@ -58,12 +58,16 @@ class SpeculationPolicy:
     interval doubles after each probe up to
     `probe_max`, and drops back to `probe_every` while the current batch-size bucket (1, 2-3, 4-7,
     ...: the table interpolates within one) has fewer than `explore_until` drafted steps on record.
+
+    `calibrate_lag` corrects the lagged confidences the planner reads by how they have held up
+    (core/lag_calibration.py).
     """
 
     def __init__(self, mode: str, gamma: int, sps: SpsTable | None, *, learn: bool = False, seeded: bool = False,
                  max_batch_tokens: int = 64, lag: int = 2, buckets: Sequence[int] = (),
                  sla_tok_s_per_user: float | None = None, probe_every: int = 32, probe_max: int = 256,
-                 explore_until: int = 3, warmup_steps: int = 8, clock: Callable[[], float] | None = None, guard: DraftingGuard | None = None):
+                 explore_until: int = 3, warmup_steps: int = 8, clock: Callable[[], float] | None = None, guard: DraftingGuard | None = None,
+                 calibrate_lag: bool = True):
         if mode not in MODES:
             raise ValueError(f"mode: must be one of {MODES}, got {mode!r}")
         self.mode, self.gamma = mode, gamma
@@ -82,7 +86,8 @@ class SpeculationPolicy:
             self.source = "flat" if sps is None else "profile"
             self.sps = sps or SpsTable.flat(max_batch_tokens)
         self.planner = AsyncPlanner(self.sps, gamma, lag=lag, buckets=buckets or None,
-                                    sla_tok_s_per_user=sla_tok_s_per_user, prior="observed") if gamma else None
+                                    sla_tok_s_per_user=sla_tok_s_per_user, prior="observed",
+                                    calibrate_lag=calibrate_lag) if gamma else None
         self.guard = guard or DraftingGuard()
         self.forced_budget_frac: float | None = None  # the profiler's knob (SGLang's dspark_force_budget_frac)
         self.table_since = self.clock()  # when the table in use was (re)fitted
@@ -206,7 +211,10 @@ class SpeculationPolicy:
             return torch.full((conf.shape[0],), self.gamma, dtype=torch.int64)
         return self.planner.allocate(conf, plan.capacity)
 
-    def observe(self, request_ids: Sequence[str], conf: torch.Tensor) -> None:
+    def observe(self, request_ids: Sequence[str], conf: torch.Tensor, verify_lens, num_accepted) -> None:
+        """A drafted step's outcome: its verified drafts against what the lagged rows promised (the
+        lag calibration), then its confidences, for the capacity `lag` steps later."""
+        self.planner.verified(request_ids, verify_lens, num_accepted)
         self.planner.observe(request_ids, conf)
 
     # ---- after a step ------------------------------------------------------------------------

@@ -1,0 +1,89 @@
+"""Calibration of the confidences the asynchronous planner actually reads: rows that are L steps old.
+
+STS calibrates a step's confidences for that step's drafts (lag 0). The planner must size a step
+before it drafts, so it reads each request's row from `lag` drafted steps back, or a prior where a
+request has none. Those promise what the drafts of *their* step did, not what this step's drafts
+will do: for a weak drafter a high confidence two steps back is a winner's curse (measured in
+benchmarks/planned_drafts.py: a chain's lagged rows promised far more surviving drafts than survived).
+
+This module learns, per age group of the row, what a lagged conditional confidence x has been worth:
+over every verified draft whose predecessors all survived, the outcome y (1 if it survived) against
+the x the lagged row gave it, fitted as y = a + b x by least squares, pulled toward the identity
+(a = 0, b = 1) by `pseudo_drafts` pseudo-observations, so it starts as no correction and moves only
+with verified outcomes. A multiplicative factor cannot express what the measurements show for a
+weak drafter: lagged rows that promise 0.99 survive as often as those that promise 0.4 (b near 0),
+and the planner drafts exactly where the row promises most. The corrected confidence is never
+above the row's own (min(x, a + b x)): an over-promise costs a step, an under-promise a draft.
+Pooled over draft positions: the relation does not depend on which positions a step verified, and
+a per-position fit that noise pushed down would get its position verified less often and never
+recover. The survival the planner reads is the running product of the corrected confidences.
+
+It stays lossless: the correction changes only the capacity (how many drafts are verified), which
+still depends only on past steps; which drafts are verified and how is unchanged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+GROUPS = ("prior", "lag", "older")  # no row; a row `lag` steps old (a chain of drafted steps); older
+
+
+class LagCalibration:
+    """Realized / promised conditional survival per age group of the lagged row, learned from
+    verified drafts (counted per position too, for the report)."""
+
+    def __init__(self, gamma: int, lag: int, *, pseudo_drafts: float = 4.0):
+        if pseudo_drafts <= 0:
+            raise ValueError(f"pseudo_drafts must be > 0, got {pseudo_drafts}")
+        self.gamma, self.lag, self.pseudo_drafts = gamma, lag, pseudo_drafts
+        # per group: n, sum x, sum y, sum x^2, sum x y over reached drafts
+        self._sums = np.zeros((len(GROUPS), 5))
+        self.reached = np.zeros((len(GROUPS), gamma), dtype=np.int64)  # per position, for the report
+        self.version = 0  # bumped by every observation: the planner's memo key
+        self._coef = torch.tensor([[0.0, 1.0]] * len(GROUPS), dtype=torch.float32)  # (a, b) per group
+
+    def group(self, age: int | None) -> int:
+        """The age group of a row `age` planner steps old (None: the request has no row)."""
+        if age is None:
+            return 0
+        return 1 if age <= self.lag else 2
+
+    def coefficients(self) -> torch.Tensor:
+        """[groups, 2]: (a, b) of each group's fit (0, 1 where nothing was observed)."""
+        return self._coef
+
+    def correct(self, conf: torch.Tensor, groups: list[int]) -> torch.Tensor:
+        """The lagged conditional confidences [R, G] as they have held up: min(x, a + b x) in [0, 1]."""
+        coef = self._coef[torch.as_tensor(groups, dtype=torch.int64)]
+        fitted = coef[:, :1] + coef[:, 1:] * conf
+        return torch.minimum(conf, fitted).clamp_(0.0, 1.0)
+
+    def observe(self, group: int, conf: np.ndarray, verify_len: int, accepted: int) -> None:
+        """One request's verified step: `conf` [G] is the lagged row the capacity read (uncorrected
+        conditional confidences), `verify_len` drafts were verified and the first `accepted` survived."""
+        verify_len = int(min(max(verify_len, 0), self.gamma))
+        reached = min(verify_len, int(accepted) + 1)  # positions whose predecessors all survived
+        if reached == 0:
+            return
+        x = np.asarray(conf[:reached], dtype=np.float64)
+        y = (np.arange(reached) < accepted).astype(np.float64)
+        self._sums[group] += (reached, x.sum(), y.sum(), (x * x).sum(), (x * y).sum())
+        self.reached[group, :reached] += 1
+        n, sx, sy, sxx, sxy = self._sums[group]
+        lam = self.pseudo_drafts  # ridge toward (a, b) = (0, 1)
+        a, b = np.linalg.solve([[n + lam, sx], [sx, sxx + lam]], [sy, sxy + lam])
+        self._coef[group] = torch.tensor([a, b], dtype=torch.float32)
+        self.version += 1
+
+    def summary(self) -> dict:
+        """Per group: reached drafts, their mean lagged confidence and survival, the fit (for the
+        benchmarks' reports)."""
+        out = {}
+        for g, name in enumerate(GROUPS):
+            n, sx, sy, _, _ = self._sums[g]
+            a, b = self._coef[g].tolist()
+            out[name] = {"reached": int(n), "mean_conf": round(sx / n, 3) if n else None,
+                         "survived": round(sy / n, 3) if n else None, "a": round(a, 3), "b": round(b, 3)}
+        return out

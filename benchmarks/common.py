@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_dspark.engine.format_names import FORMAT_CHOICES as DTYPES  # torch-free, for --help
+from sglang_dspark.engine.cpu.names import FORMAT_CHOICES as DTYPES  # torch-free, for --help
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,7 +22,7 @@ def add_common_args(parser, result_name: str) -> None:
                         help="SLA profile whose SPS table drives the scheduled mode")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     parser.add_argument("--dtype", default="auto", choices=DTYPES,
-                        help="weight format of both models (engine/weight_format.py), as launch --dtype")
+                        help="weight format of both models (engine/cpu/formats.py), as launch --dtype")
     parser.add_argument("--out", default=str(ROOT / f"benchmarks/results/{result_name}.json"), help="JSON output path")
 
 
@@ -58,9 +58,8 @@ def load_pair(model: str, draft: str, weight_format: str = "auto"):
     from sglang_dspark import zoo
     from sglang_dspark.engine.factory import load_models
 
-    fmt, built = format_and_kernels(weight_format)
-    with built:
-        return load_models(zoo.resolve_model(model), draft, weight_format=fmt)
+    fmt, row_kernels = format_and_kernels(weight_format)
+    return load_models(zoo.resolve_model(model), draft, weight_format=fmt, row_kernels=row_kernels)
 
 
 @dataclass
@@ -126,32 +125,29 @@ def timed(fns: dict, reps: int, warmup: int = 2) -> dict:
 
 def format_name_ok(name: str) -> bool:
     """A weight format, or int8 / int4 with `+aten` (aten's kernels, as where the row kernels do not run)."""
-    from sglang_dspark.engine.format_names import WEIGHT_FORMATS
+    from sglang_dspark.engine.cpu.names import WEIGHT_FORMATS
 
     fmt, plus, kernels = name.partition("+")
     return fmt in WEIGHT_FORMATS and (not plus or (kernels == "aten" and fmt in ("int8", "int4")))
 
 
-def format_and_kernels(name: str):
-    """(weight format, context to build the model in) for a format name (see format_name_ok, or
-    auto): `+aten` builds under cpu_rows.disabled(), aten's int8 / int4 kernels and SDPA's attention."""
-    import contextlib
-
-    from sglang_dspark.kernels import cpu_rows
-
+def format_and_kernels(name: str) -> tuple[str, bool]:
+    """(weight format, whether it may take the row kernels) for a format name (see format_name_ok,
+    or auto): `+aten` keeps aten's int8 / int4 kernels and SDPA's attention."""
     if name != "auto" and not format_name_ok(name):
         raise SystemExit(f"{name!r}: not a weight format (int8+aten / int4+aten for aten's kernels)")
     fmt, _, kernels = name.partition("+")
-    return fmt, cpu_rows.disabled() if kernels else contextlib.nullcontext()
+    return fmt, not kernels
 
 
 def load_target_format(path, name: str):
     """TargetModel of `path` in format `name` (see format_and_kernels)."""
     from sglang_dspark.engine.target_model import TargetModel
 
-    fmt, built = format_and_kernels(name)
-    with built:
-        return TargetModel.from_pretrained(str(path), weight_format=fmt)
+    from sglang_dspark.engine.cpu.formats import WeightFormat
+
+    fmt, row_kernels = format_and_kernels(name)
+    return TargetModel.from_pretrained(str(path), weight_format=WeightFormat.of(fmt, row_kernels=row_kernels))
 
 
 def write_result(path, result: dict) -> None:

@@ -1,4 +1,4 @@
-"""The engine's CPU row kernels (kernels/cpu_rows.py) against aten's paths, op by op, on the real
+"""The engine's CPU row kernels (engine/cpu/cpu_rows.py) against aten's paths, op by op, on the real
 model's weights: SmolLM2-135M's 120 decoder Linear layers in int4 (Q4_1 x Q8_1 against
 `aten._weight_int4pack_mm_for_cpu`), its lm_head in int8 (Q8 x Q8 against `aten._weight_int8pack_mm`),
 and 30 layers of one request's attention rows (one call for all rows against one SDPA call per row,
@@ -26,7 +26,7 @@ ROWS = (1, 2, 4, 8, 16)
 
 
 def linears_fn(model, kind: str, rows: int):
-    from sglang_dspark.engine.quantized_linear import Int4Linear
+    from sglang_dspark.engine.cpu.quantized_linear import Int4Linear
 
     layers = [m for m in model.modules() if isinstance(m, Int4Linear)] if kind == "int4" else [model.lm_head]
     xs = {m.in_features: torch.randn(rows, m.in_features).bfloat16() for m in layers}
@@ -68,7 +68,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/cpu_rows.json"), help="JSON output")
     args = ap.parse_args()
     from sglang_dspark import zoo
-    from sglang_dspark.kernels import cpu_rows
+    from sglang_dspark.engine.cpu import cpu_rows
     from sglang_dspark.profile.fingerprint import hardware_id
 
     if cpu_rows.ops() is None:

@@ -20,7 +20,7 @@ import torch
 from common import ROOT
 
 from sglang_dspark import zoo
-from sglang_dspark.engine.format_names import WEIGHT_FORMATS
+from sglang_dspark.engine.cpu.names import WEIGHT_FORMATS
 from sglang_dspark.evaluate import greedy_equality
 
 DRAFT = ROOT / "launch" / "models" / "smollm2-135m-instruct-dspark"

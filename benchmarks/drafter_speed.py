@@ -11,7 +11,7 @@ one block with the sampler the engine would pick:
 - `greedy_argmax`: the engine's all-greedy path (`SamplingBatch.draft_sampler` of a greedy batch:
   `argmax_sampler`, the argmax only; its verification compares argmaxes and reads no distribution).
 
-Where the drafter runs on the row kernels (int8 and int4 with them: engine/draft_rows.py), every
+Where the drafter runs on the row kernels (int8 and int4 with them: engine/cpu/draft_rows.py), every
 arm also runs through the drafter's modules (`DSparkDrafter.rows` unset, the same weights in
 bfloat16, the same cache), as `<arm>/modules`, and the table adds rows / modules per arm.
 

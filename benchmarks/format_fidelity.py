@@ -28,8 +28,7 @@ from tqdm import tqdm
 from common import ROOT, format_name_ok, load_target_format
 
 from sglang_dspark import zoo
-from sglang_dspark.engine.format_names import WEIGHT_FORMATS
-from sglang_dspark.engine.quantized_linear import prefill_weights
+from sglang_dspark.engine.cpu.names import WEIGHT_FORMATS
 from sglang_dspark.engine.target_model import Segment, TargetModel
 from sglang_dspark.evaluate import chat_ids
 from sglang_dspark.prompts import load_prompts
@@ -39,8 +38,8 @@ from sglang_dspark.prompts import load_prompts
 def greedy(model: TargetModel, prompt: list[int], new_tokens: int, eos: int | None) -> list[int]:
     """The model's own greedy response: a prefill, then one-row decodes (as the engine's target mode)."""
     cache = model.new_kv_cache(1, len(prompt) + new_tokens)
-    with prefill_weights():  # as the engine prefills (int4: its bfloat16 copy)
-        logits = model.forward_segments([Segment(0, 0, torch.tensor(prompt))], cache, logits_for="last").logits
+    # as the engine prefills (int4: its bfloat16 copy)
+    logits = model.forward_segments([Segment(0, 0, torch.tensor(prompt))], cache, logits_for="last", prompt=True).logits
     out: list[int] = []
     while len(out) < new_tokens:
         token = int(logits[-1].argmax())

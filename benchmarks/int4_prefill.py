@@ -1,6 +1,6 @@
 """int4's paths for a block of prompt rows, whole-model: the int4 kernel (what decode and verify rows
 take) against oneDNN's bfloat16 GEMM over the same values (`Int4Linear.weight_bf16`, what prompt
-chunks take inside `prefill_weights()`), called once whatever the rows (`one call`, the engine's
+chunks take, `Int4Linear.prompt_rows`), called once whatever the rows (`one call`, the engine's
 way) or in calls of exactly 256 zero-padded rows (`fixed`, benchmarks/prefill_ways.py). Every
 Linear of SmolLM2's 30 decoder layers once, at the engine's fused shapes (qkv, o, gate-up, down),
 distinct weights (so they stream from memory as in a real step), random values; interleaved, the
@@ -26,7 +26,8 @@ from common import ROOT
 
 from prefill_ways import prefill_way
 
-from sglang_dspark.engine.quantized_linear import Int4Linear, prefill_weights
+from sglang_dspark.engine.cpu import cpu_rows
+from sglang_dspark.engine.cpu.quantized_linear import Int4Linear
 from sglang_dspark.profile.fingerprint import hardware_id
 
 # SmolLM2-135M's decoder Linear shapes (out, in) as TargetModel fuses them: qkv, o, gate-up, down
@@ -43,15 +44,15 @@ def model_layers(seed: int = 0) -> list[Int4Linear]:
             linear = nn.Linear(in_f, out_f, bias=False)
             with torch.no_grad():
                 linear.weight.normal_(0, 0.02)
-            layers.append(Int4Linear(linear))
+            layers.append(Int4Linear(linear, cpu_rows.ops()))  # the engine's kernel where it runs
     return layers
 
 
 def time_pass(layers: list[Int4Linear], x: dict[int, torch.Tensor], path: str) -> float:
-    with prefill_way(layers, path), prefill_weights():  # as prompt rows: each way decides its own path
+    with prefill_way(layers, path):  # as prompt rows: each way decides its own path
         start = time.perf_counter()
         for layer in layers:
-            layer(x[layer.in_features])
+            layer.prompt_rows(x[layer.in_features])
         return time.perf_counter() - start
 
 

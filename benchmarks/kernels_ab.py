@@ -1,6 +1,6 @@
 """Whole-model steps on this tree's CPU row kernels against another revision's, side by side in one run.
 
-`kernels/cpu_rows.cpp` as of git revision `--base` is built beside the working tree's under a
+`engine/cpu/cpu_rows.cpp` as of git revision `--base` is built beside the working tree's under a
 renamed op namespace, and one int4 SmolLM2-135M (30 distinct layers and the lm_head: weights stream
 from memory as in a served step) runs `TargetModel.forward_segments` on either: its `row_kernels`
 and every quantized Linear's ops swapped between the two builds call by call, alternating, so host
@@ -41,10 +41,16 @@ def build_base(rev: str):
     """torch.ops namespace of cpu_rows.cpp at `rev`, its library renamed so both builds load."""
     from torch.utils.cpp_extension import load
 
-    from sglang_dspark.kernels import cpu_rows
+    from sglang_dspark.engine.cpu import cpu_rows
 
-    source = subprocess.run(["git", "show", f"{rev}:sglang_dspark/kernels/cpu_rows.cpp"], cwd=ROOT, check=True,
-                            capture_output=True, text=True).stdout
+    source = None
+    for path in ("sglang_dspark/engine/cpu/cpu_rows.cpp", "sglang_dspark/kernels/cpu_rows.cpp"):  # moved in 2026-12
+        shown = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True, text=True)
+        if shown.returncode == 0:
+            source = shown.stdout
+            break
+    if source is None:
+        raise SystemExit(f"{rev}: no cpu_rows.cpp in the engine's CPU wing or the old kernels/ folder")
     renamed = re.sub(r"TORCH_LIBRARY(_IMPL)?\(dspark_cpu_rows\b", r"TORCH_LIBRARY\1(dspark_cpu_rows_base", source)
     if renamed == source:
         raise SystemExit(f"{rev}: cpu_rows.cpp registers no dspark_cpu_rows library")
@@ -90,7 +96,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from sglang_dspark import zoo
-    from sglang_dspark.kernels import cpu_rows
+    from sglang_dspark.engine.cpu import cpu_rows
     from sglang_dspark.profile.fingerprint import hardware_id
 
     ours = cpu_rows.ops()

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from common import ROOT, balanced_order
 
-from sglang_dspark.engine.format_names import FORMAT_CHOICES as DTYPES
+from sglang_dspark.engine.cpu.names import FORMAT_CHOICES as DTYPES
 
 LLAMA_CPP = "llama-cpp-python[server]==0.3.36"
 DEFAULT_VENV = Path("~/.cache/sglang_dspark/peer-llamacpp").expanduser()

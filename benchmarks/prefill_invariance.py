@@ -32,7 +32,7 @@ from common import ROOT, heldout_prompts, load_pair, write_result
 from prefill_ways import WAYS, prefill_way
 
 from sglang_dspark.engine.engine import Engine, EngineConfig
-from sglang_dspark.engine.quantized_linear import Int4Linear
+from sglang_dspark.engine.cpu.quantized_linear import Int4Linear
 from sglang_dspark.engine.sampling import SamplingParams
 from sglang_dspark.profile.fingerprint import hardware_id
 

@@ -1,6 +1,6 @@
 """int4's prompt rows three ways, for the benchmarks that weigh them (int4_prefill.py, prefill_invariance.py).
 
-- `one call`: what the engine does (engine/quantized_linear.py): one oneDNN bfloat16 GEMM on the
+- `one call`: what the engine does (engine/cpu/quantized_linear.py): one oneDNN bfloat16 GEMM on the
   de-quantized copy per chunk, whatever its rows.
 - `fixed`: calls of exactly FIXED_ROWS rows, the last padded with zeros: on an Intel Xeon with AMX,
   where oneDNN rounds a row apart at most row counts below 256, this gives a row the same bits
@@ -16,17 +16,10 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from sglang_dspark.engine import quantized_linear
-from sglang_dspark.engine.quantized_linear import Int4Linear
+from sglang_dspark.engine.cpu.quantized_linear import Int4Linear
 
 FIXED_ROWS = 256  # EngineConfig.prefill_chunk's default
 WAYS = ("one call", "fixed", "kernel")
-
-
-def kernel_rows(layer: Int4Linear, rows: torch.Tensor) -> torch.Tensor:
-    """The layer's own path outside a prefill: the int4 kernel."""
-    with quantized_linear.prefill_weights(False):
-        return Int4Linear._mm(layer, rows)
 
 
 def fixed_rows(layer: Int4Linear, rows: torch.Tensor) -> torch.Tensor:
@@ -39,16 +32,18 @@ def fixed_rows(layer: Int4Linear, rows: torch.Tensor) -> torch.Tensor:
 
 @contextmanager
 def prefill_way(layers: list[Int4Linear], way: str) -> Iterator[None]:
-    """Inside, the layers' prompt rows (inside `prefill_weights()`) take `way`; decode rows the kernel."""
+    """Inside, the layers' prompt rows (`prompt_rows`, which the target calls for prompt chunks) take
+    `way`: the bfloat16 copy in one call (the layer's own), in calls of FIXED_ROWS, or the int4 kernel
+    that decode rows take."""
     if way not in WAYS:
         raise ValueError(f"way {way!r}: one of {WAYS}")
     for layer in layers:
         if way == "fixed":
-            layer._mm = lambda rows, l=layer: fixed_rows(l, rows) if quantized_linear._PREFILL.get() else Int4Linear._mm(l, rows)
+            layer.prompt_rows = lambda x, l=layer: l._apply(lambda rows: fixed_rows(l, rows), x)
         elif way == "kernel":
-            layer._mm = lambda rows, l=layer: kernel_rows(l, rows)
+            layer.prompt_rows = layer.forward
     try:
         yield
     finally:
         for layer in layers:
-            layer.__dict__.pop("_mm", None)  # back to the class's own
+            layer.__dict__.pop("prompt_rows", None)  # back to the class's own

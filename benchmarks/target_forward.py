@@ -11,7 +11,7 @@ other processes hits all alike; medians of `--reps`.
     python benchmarks/target_forward.py [--formats float32,bfloat16,int8,int4] [--reps 9] [--threads 2]
 
 A format named with `+aten` (`int4+aten`) is built without the engine's CPU row kernels
-(kernels/cpu_rows.py): aten's int4 kernel and one SDPA call per row, as where those do not run.
+(engine/cpu/cpu_rows.py): aten's int4 kernel and one SDPA call per row, as where those do not run.
 
 Writes benchmarks/results/target_forward.json and .png (step ms against B, one line per format and R).
 """
@@ -29,7 +29,7 @@ import torch
 
 from common import ROOT, load_target_format, timed
 
-from sglang_dspark.engine.format_names import WEIGHT_FORMATS
+from sglang_dspark.engine.cpu.names import WEIGHT_FORMATS
 
 CTX = 200
 CASES = [(1, b) for b in (1, 2, 3, 4, 6, 8, 12, 16)] + [(4, b) for b in (1, 2, 3, 4)]  # (R, tokens per request)
@@ -62,15 +62,15 @@ def gemm_fn(model, rows: int):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct", help="target directory or zoo name")
-    ap.add_argument("--formats", default=",".join(WEIGHT_FORMATS), help="weight formats (engine/weight_format.py)")
+    ap.add_argument("--formats", default=",".join(WEIGHT_FORMATS), help="weight formats (engine/cpu/formats.py)")
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     ap.add_argument("--reps", type=int, default=9, help="timed calls per case and format")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/target_forward.json", help="JSON output")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from sglang_dspark import zoo
-    from sglang_dspark.engine.one_row_gemv import tune_one_row_kernels
-    from sglang_dspark.engine.weight_layout import tune_layouts
+    from sglang_dspark.engine.cpu.one_row_gemv import tune_one_row_kernels
+    from sglang_dspark.engine.cpu.weight_layout import tune_layouts
     from sglang_dspark.profile.fingerprint import hardware_id
 
     path = zoo.resolve_model(args.model)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from sglang_dspark.engine.format_names import FORMAT_CHOICES
+from sglang_dspark.engine.cpu.names import FORMAT_CHOICES
 from sglang_dspark.core.calibration import OBJECTIVES, calibration_report, fit_sts
 from sglang_dspark.prompts import chat_ids
 
@@ -260,12 +260,12 @@ def greedy_equality(target_dir, draft_dir, num_prompts: int, max_new_tokens: int
     speculation, one request at a time, in any format: what losslessness promises."""
     from sglang_dspark.engine.engine import EngineConfig
     from sglang_dspark.engine.factory import build_engine
-    from sglang_dspark.engine.weight_format import activation_dtype
+    from sglang_dspark.engine.cpu.formats import WeightFormat
     from sglang_dspark.prompts import load_prompts
 
     if reference not in ("transformers", "target"):
         raise ValueError(f"reference {reference!r}: transformers or target")
-    if reference == "transformers" and weight_format not in ("float32", "bfloat16"):
+    if reference == "transformers" and WeightFormat.of(weight_format, row_kernels=False).quantized:
         raise ValueError(f"weight format {weight_format!r}: transformers runs float32 or bfloat16")
     records = load_prompts("builtin:heldout")
     records = [records[i * len(records) // num_prompts] for i in range(num_prompts)]
@@ -280,7 +280,7 @@ def greedy_equality(target_dir, draft_dir, num_prompts: int, max_new_tokens: int
                              config=EngineConfig(mode="target", max_running=1, max_len=2048))
         refs = [r["tokens"] for r in run_split(plain, records, 0.0, max_new_tokens, "plain")]
     else:
-        hf, tokenizer = load_hf_target(target_dir, activation_dtype(weight_format))
+        hf, tokenizer = load_hf_target(target_dir, WeightFormat.of(weight_format, row_kernels=False).dtype)
         refs = []
         for rec in records:
             ids = chat_ids(tokenizer, rec.prompt)

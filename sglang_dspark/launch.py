@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from sglang_dspark import zoo
-from sglang_dspark.engine.format_names import FORMAT_CHOICES
+from sglang_dspark.engine.cpu.names import FORMAT_CHOICES
 from sglang_dspark.help_format import DefaultsHelpFormatter, OneLineErrorParser
 
 logger = logging.getLogger("sglang_dspark.launch")
@@ -374,6 +374,8 @@ def _launch_sglang(args, model, draft, profile, name) -> int:
         nodes = launch_sglang.commands(deployment)
     except launch_sglang.SglangLaunchError as exc:
         raise LaunchError(str(exc)) from None
+    for note in launch_sglang.guard_notes(deployment):
+        print(f"note: {note}", file=sys.stderr, flush=True)
     if args.dry_run:
         for node in nodes:
             if len(nodes) > 1:

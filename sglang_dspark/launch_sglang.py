@@ -14,6 +14,7 @@ by environment: `SGLANG_DSPARK_PROFILE` (the profile), `SGLANG_DSPARK_SLA_TIER`,
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shlex
 import sys
@@ -120,6 +121,34 @@ def check_coverage(d: Deployment) -> None:
             "or --force-profile")
 
 
+def known_crash_guards(mode: str, tp: int) -> list[tuple[list[str], str]]:
+    """SGLang flags the launcher adds to keep a deployment off a path SGLang 0.5.23 is known to crash
+    on, each with the one line it prints. Compact verify under CUDA graphs with the overlap scheduler
+    on several GPUs can hit an illegal memory access at a graph-size change (sglang#31023, reported at
+    TP 4 and 8; the same workloads ran clean with overlap off), so a scheduled deployment with --tp > 1
+    runs without overlap."""
+    if mode == "scheduled" and tp > 1:
+        return [(["--disable-overlap-schedule"],
+                 f"--tp {tp} with --mode scheduled: SGLang's overlap scheduler is turned off (--disable-overlap-schedule): "
+                 "compact verify under CUDA graphs with overlap on crashes at graph-size changes on several GPUs "
+                 "(sglang#31023)")]
+    return []
+
+
+def guard_notes(d: Deployment) -> list[str]:
+    """What the launcher changed to keep `d` off a known crash, a line each (printed at launch)."""
+    mode = {"static": "full", "compact": "scheduled"}.get(capture_phase(d), d.mode)
+    return [note for _, note in known_crash_guards(mode, d.tp)]
+
+
+def table_is_none_to_sglang(sps_path: str) -> bool:
+    """Whether SGLang reads the exported table as uninitialized: a cost table of at most one probe
+    (its `load_sps_table_from_path` takes a file naming `bias_seconds` as the additive table, and
+    `is_uninitialized_sps_table` calls a cost table of <= 1 probe flat)."""
+    text = Path(sps_path).read_text()
+    return '"bias_seconds"' not in text and len(json.loads(text)["sample_batch_tokens"]) <= 1
+
+
 def commands(d: Deployment) -> list[NodeCommand]:
     """One command per node (the same but for --node-rank)."""
     phase = capture_phase(d)
@@ -132,6 +161,10 @@ def commands(d: Deployment) -> list[NodeCommand]:
         raise SglangLaunchError("--mode scheduled on SGLang needs a profile for this deployment: compact verify without "
                                 "an SPS table verifies every draft and ignores the planner. Capture one: launch with "
                                 "--profile-capture, then run the printed `profile capture-http` command; or use --mode full")
+    if mode == "scheduled" and phase is None and table_is_none_to_sglang(d.sps_path):
+        raise SglangLaunchError("--mode scheduled: the profile's SPS table has one probe and no additive table, which "
+                                "SGLang treats as no table (it verifies every draft, the scheduler and any SLA tier "
+                                "are off); capture a full profile (--profile-capture), or use --mode full")
     argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", d.model, "--host", d.host,
             "--port", str(d.port), "--enable-metrics"]
     env: dict[str, str] = dict(d.env_extra)
@@ -177,6 +210,8 @@ def commands(d: Deployment) -> list[NodeCommand]:
             argv += [flag, str(value)]
     if d.tp > 1:
         argv += ["--tp-size", str(d.tp)]
+    for flags, _ in known_crash_guards(mode, d.tp):
+        argv += flags
     if d.dp > 1:
         argv += ["--dp-size", str(d.dp)]
     if d.nnodes == 1:

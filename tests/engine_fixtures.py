@@ -8,7 +8,6 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from sglang_dspark.drafter import DraftOutput, DSparkDraftConfig, DSparkDrafter
 from sglang_dspark.engine.engine import Engine, EngineConfig
 from sglang_dspark.engine.target_model import TargetModel
-from sglang_dspark.engine.weight_format import apply_to_drafter
 
 VOCAB = 48
 EOS = 2
@@ -55,7 +54,7 @@ def tiny_drafter_for(target: TargetModel, seed: int = 1, gamma: int = 4) -> DSpa
     )
     drafter = DSparkDrafter(cfg, target.embed_tokens, target.lm_head).to(target.dtype).eval()
     if target.weight_format != "float32":  # as engine/factory.py does (float32's layouts: test_weight_layout.py)
-        apply_to_drafter(drafter, target.weight_format)  # int8, int4: the drafter on the row kernels
+        target.fmt.prepare_drafter(drafter)  # int8, int4: the drafter on the row kernels
     return drafter
 
 

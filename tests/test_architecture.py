@@ -187,24 +187,26 @@ def test_the_drafter_calls_on_its_backend_only_what_the_protocol_declares():
     declared = set(_protocol_methods(DraftBackend))
     tree = ast.parse((PACKAGE / "drafter" / "model.py").read_text())
     called = set()
-    for node in ast.walk(tree):  # rows.f(...) and self.rows.f(...) / self.drafter.rows.f(...)
+    for node in ast.walk(tree):  # backend.f(...), rows.f(...), self.rows.f(...), self.backend_for(kv).f(...)
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             owner = node.func.value
-            if (isinstance(owner, ast.Name) and owner.id == "rows") or \
-                    (isinstance(owner, ast.Attribute) and owner.attr == "rows"):
+            if (isinstance(owner, ast.Name) and owner.id in ("rows", "backend")) or \
+                    (isinstance(owner, ast.Attribute) and owner.attr in ("rows", "modules_backend")) or \
+                    (isinstance(owner, ast.Call) and isinstance(owner.func, ast.Attribute) and owner.func.attr == "backend_for"):
                 called.add(node.func.attr)
     assert called, "the drafter no longer calls a backend: update this test and drafter/backend.py"
-    assert called <= declared, f"drafter/model.py calls {sorted(called - declared)} on `rows`, not in DraftBackend"
+    assert called <= declared, f"drafter/model.py calls {sorted(called - declared)} on a backend, not in DraftBackend"
 
 
-def test_the_row_kernel_backend_implements_the_protocol_with_its_parameters():
-    from sglang_dspark.drafter.backend import DraftBackend
-    from sglang_dspark.engine.draft_rows import DraftRows
+def test_both_draft_backends_implement_the_protocol_with_its_parameters():
+    from sglang_dspark.drafter.backend import DraftBackend, ModuleBackend
+    from sglang_dspark.engine.cpu.draft_rows import DraftRows
 
-    for name, sig in _protocol_methods(DraftBackend).items():
-        assert hasattr(DraftRows, name), f"DraftRows lacks {name}"
-        got = inspect.signature(inspect.unwrap(getattr(DraftRows, name)))
-        assert list(got.parameters) == list(sig.parameters), (name, got, sig)
+    for backend in (DraftRows, ModuleBackend):
+        for name, sig in _protocol_methods(DraftBackend).items():
+            assert hasattr(backend, name), f"{backend.__name__} lacks {name}"
+            got = inspect.signature(inspect.unwrap(getattr(backend, name)))
+            assert list(got.parameters) == list(sig.parameters), (backend.__name__, name, got, sig)
 
 
 def test_greedy_drafting_is_a_property_of_the_sampler():
@@ -214,3 +216,81 @@ def test_greedy_drafting_is_a_property_of_the_sampler():
     assert not is_argmax(lambda logits, k: argmax_sampler(logits + 1.0, k))  # a wrapper is not
     source = (PACKAGE / "drafter" / "model.py").read_text()
     assert "is argmax_sampler" not in source and "is_argmax(sampler)" in source
+
+
+# ---- the CPU wing: engine/cpu/ owns every weight format and kernel ------------------------------
+
+WING = PACKAGE / "engine" / "cpu"
+# what the rest of the package may import from the wing: the format object and its names, and the
+# row kernels' limits and decoder layer, which the target's family layer holds as ops
+WING_FACADE = {"formats", "names", "limits", "row_layer"}
+
+
+def _format_names() -> set[str]:
+    from sglang_dspark.engine.cpu.names import WEIGHT_FORMATS
+
+    return set(WEIGHT_FORMATS) - {"float32"}  # float32 is also a dtype's name, the checkpoint's own
+
+
+def _kernel_names() -> set[str]:
+    """The row kernels' op names (TORCH_LIBRARY defs in cpu_rows.cpp) and aten's weight-only kernels."""
+    source = (WING / "cpu_rows.cpp").read_text()
+    ops = set(re.findall(r'm\.def\("(\w+)\(', source)) | set(re.findall(r'm\.impl\("(\w+)"', source))
+    assert {"q4_rows_mm", "rows_attention"} <= ops, "cpu_rows.cpp's op registrations moved: update this test"
+    return ops | {"_weight_int8pack_mm", "_weight_int4pack_mm_for_cpu", "_convert_weight_to_int4pack_for_cpu"}
+
+
+def wing_violations(path: Path, source: str) -> list[str]:
+    """Where a module outside engine/cpu/ names a weight format in a comparison or a table, calls or
+    names a kernel, or imports the wing's insides."""
+    formats, kernels, out = _format_names(), _kernel_names(), []
+
+    def literals(node):
+        return {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+    for node in ast.walk(ast.parse(source)):
+        where = f"{path}:{getattr(node, 'lineno', '?')}"
+        if isinstance(node, ast.Compare) and literals(node) & formats:
+            out.append(f"{where}: compares against {sorted(literals(node) & formats)}")
+        elif isinstance(node, ast.Dict) and {k.value for k in node.keys if isinstance(k, ast.Constant)} & formats:
+            out.append(f"{where}: a table keyed by format")
+        elif isinstance(node, ast.Attribute) and node.attr in kernels:
+            out.append(f"{where}: names the kernel {node.attr}")
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sglang_dspark.engine.cpu"):
+            inner = {node.module.removeprefix("sglang_dspark.engine.cpu").lstrip(".")} - {""}
+            inner |= {a.name for a in node.names} if not inner else set()
+            if inner - WING_FACADE:
+                out.append(f"{where}: imports engine/cpu's {sorted(inner - WING_FACADE)}")
+    return out
+
+
+def test_nothing_outside_the_cpu_wing_names_a_weight_format_or_a_kernel():
+    violations = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if WING not in path.parents:
+            violations += wing_violations(path.relative_to(ROOT), path.read_text())
+    assert not violations, "\n".join(violations)
+
+
+def test_the_wing_rule_fails_on_a_format_branch_a_kernel_call_or_an_inner_import():
+    """The rule above can fail: each of these, added to a module outside the wing, is caught."""
+    cases = {
+        'if fmt in ("int8", "int4"):\n    pass\n': "compares against",
+        'if weight_format == "bfloat16":\n    pass\n': "compares against",
+        'ULPS = {"int4": 4.0}\n': "keyed by format",
+        'y = ops.q4_rows_mm(x, w, s)\n': "names the kernel",
+        'y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, w, 32, s)\n': "names the kernel",
+        'from sglang_dspark.engine.cpu.quantized_linear import Int4Linear\n': "imports engine/cpu's",
+        'from sglang_dspark.engine.cpu import cpu_rows\n': "imports engine/cpu's",
+    }
+    for source, message in cases.items():
+        found = wing_violations(Path("sglang_dspark/engine/engine.py"), source)
+        assert found and message in found[0], (source, found)
+    assert not wing_violations(Path("x.py"), 'fmt = WeightFormat.of(name)\nif fmt.quantized:\n    pass\n')
+
+
+def test_no_context_variable_decides_a_kernel():
+    """Which kernel runs is the caller's explicit choice (the format object, `prompt=True`), never a
+    switch set around the call."""
+    users = [str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py") if "ContextVar" in p.read_text()]
+    assert not users, users

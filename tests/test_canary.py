@@ -11,7 +11,8 @@ from engine_fixtures import TickClock, run_to_completion, tiny_engine, tiny_hf_t
 
 from sglang_dspark.core.sps import SpsTable
 from sglang_dspark.engine import engine as engine_module
-from sglang_dspark.engine.canary import MATCH, MISMATCH, NEAR_TIE, NEAR_TIE_ULPS, Canary, bf16_ulp, chosen, divergence_margin
+from sglang_dspark.engine.canary import MATCH, MISMATCH, NEAR_TIE, Canary, bf16_ulp, chosen, divergence_margin
+from sglang_dspark.engine.cpu.formats import WeightFormat
 from sglang_dspark.engine.request import Request
 from sglang_dspark.engine.sampling import SamplingParams
 
@@ -212,13 +213,14 @@ def _replayed(expected: list[int], output: list[int], margin: float | None) -> R
 
 def test_a_difference_within_the_formats_rounding_is_a_near_tie_and_beyond_it_a_mismatch(tmp_path):
     canary = Canary(1.0, tmp_path)
-    allowed = NEAR_TIE_ULPS["int4"]
-    assert canary.finished(_replayed([1, 2, 3], [1, 2, 3], None), "int4") == MATCH
-    assert canary.finished(_replayed([1, 2, 3], [1, 4, 3], allowed), "int4") == NEAR_TIE
-    assert canary.finished(_replayed([1, 2, 3], [1, 4, 3], allowed + 0.5), "int4") == MISMATCH
-    assert canary.finished(_replayed([1, 2, 3], [1, 4, 3], 0.0), "float32") == MISMATCH  # float32: not even a tie
-    assert canary.finished(_replayed([1, 2], [1, 2, 3], None), "int4") == MISMATCH  # no margin to judge by
-    assert canary.finished(_replayed([1, 2, 3], [1, 4, 3], -1.0), "int4") == MISMATCH  # below zero: no rounding
+    int4, float32 = WeightFormat.of("int4"), WeightFormat.of("float32")
+    allowed = int4.near_tie_ulps
+    assert canary.finished(_replayed([1, 2, 3], [1, 2, 3], None), int4) == MATCH
+    assert canary.finished(_replayed([1, 2, 3], [1, 4, 3], allowed), int4) == NEAR_TIE
+    assert canary.finished(_replayed([1, 2, 3], [1, 4, 3], allowed + 0.5), int4) == MISMATCH
+    assert canary.finished(_replayed([1, 2, 3], [1, 4, 3], 0.0), float32) == MISMATCH  # float32: not even a tie
+    assert canary.finished(_replayed([1, 2], [1, 2, 3], None), int4) == MISMATCH  # no margin to judge by
+    assert canary.finished(_replayed([1, 2, 3], [1, 4, 3], -1.0), int4) == MISMATCH  # below zero: no rounding
     assert (canary.replays, canary.near_ties, canary.mismatches) == (6, 1, 4)
     evidence = _evidence(tmp_path)
     assert [(e["near_tie"], e["margin_ulps"], e["weight_format"]) for e in evidence] == [
@@ -272,10 +274,10 @@ def test_the_engine_judges_a_replay_by_its_served_format_and_counts_near_ties_ap
     above): within the int4 allowance a near tie, not a mismatch; beyond it a mismatch."""
     monkeypatch.setattr(engine_module, "verify_step", _every_rejected_draft_slips_through(engine_module.verify_step))
     greedy = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-    for margin, near in ((NEAR_TIE_ULPS["int4"], True), (NEAR_TIE_ULPS["int4"] * 2, False)):
+    for margin, near in ((WeightFormat.of("int4").near_tie_ulps, True), (WeightFormat.of("int4").near_tie_ulps * 2, False)):
         monkeypatch.setattr(engine_module, "divergence_margin", lambda *a, m=margin, **kw: m)
         engine = tiny_engine("full", hf=tiny_hf_target(), max_running=4, canary_share=1.0)
-        engine.runner.target.weight_format = "int4"
+        engine.runner.target.fmt = WeightFormat.of("int4")  # judged as int4 rounds
         run_to_completion(engine, _prompts(4), [greedy] * 4)
         _drain(engine)
         c, text = engine.canary, engine.metrics.render().decode()

@@ -1,4 +1,4 @@
-"""The engine's CPU row kernels (kernels/cpu_rows.py): each computes what its reference says, and
+"""The engine's CPU row kernels (engine/cpu/cpu_rows.py): each computes what its reference says, and
 a row's bits never depend on the rows beside it, the row count or the threads; the loader falls
 back to aten's kernels with a reason where they cannot run."""
 
@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from sglang_dspark.engine import quantized_linear
-from sglang_dspark.engine.quantized_linear import Int4Linear, Int8Linear, int4_groups
+from sglang_dspark.engine.cpu.quantized_linear import Int4Linear, Int8Linear, int4_groups
 from sglang_dspark.engine.target_model import Segment, TargetModel
-from sglang_dspark.kernels import cpu_rows
+from sglang_dspark.engine.cpu import cpu_rows
+from sglang_dspark.engine.cpu.formats import WeightFormat
 from tests.engine_fixtures import VOCAB, tiny_hf_target
 
 OPS = cpu_rows.ops()
@@ -80,7 +80,7 @@ def test_a_rows_bits_do_not_depend_on_the_rows_beside_it_or_the_threads(kind):
     threads = torch.get_num_threads()
     try:
         for n, k in ((960, 576), (576, 1536), (4096, 576)):
-            layer = kind(nn.Linear(k, n, bias=False))
+            layer = kind(nn.Linear(k, n, bias=False), OPS)
             assert layer.kernel.endswith("_rows_mm")
             x = (torch.randn(40, k) * 2).bfloat16()
             torch.set_num_threads(2)
@@ -200,22 +200,20 @@ def test_the_loader_says_why_it_falls_back(monkeypatch, tmp_path):
 
 
 def test_without_the_kernels_int4_and_int8_keep_atens_and_sdpa(monkeypatch):
-    with cpu_rows.disabled():
-        assert cpu_rows.ops() is None
-        target = TargetModel.from_hf_model(tiny_hf_target(), weight_format="int4")
-    assert target.row_kernels is None
+    target = TargetModel.from_hf_model(tiny_hf_target(), weight_format=WeightFormat.of("int4", row_kernels=False))
+    assert target.row_kernels is None and target.fmt.kernels is None
     assert {m.kernel for m in target.modules() if isinstance(m, Int4Linear)} == {"aten._weight_int4pack_mm_for_cpu"}
     assert target.lm_head.kernel == "aten._weight_int8pack_mm"
-    monkeypatch.setattr(quantized_linear.cpu_rows, "ops", lambda: None)
     assert Int8Linear(nn.Linear(64, 48)).kernel == "aten._weight_int8pack_mm"
+    monkeypatch.setattr(cpu_rows, "ops", lambda: None)  # a CPU without them: the format takes none
+    assert WeightFormat.of("int4").kernels is None
 
 
 @pytest.mark.parametrize("in_features", [8, 24, 40])
 def test_atens_int8_kernel_takes_rows_of_any_length(in_features):
     """aten's kernel read past rows whose length is not a multiple of 16 from 4 rows on (a segfault,
     torch 2.14): Int8Linear pads them with zero columns, which add nothing."""
-    with cpu_rows.disabled():
-        layer = Int8Linear(nn.Linear(in_features, 48, bias=False))
+    layer = Int8Linear(nn.Linear(in_features, 48, bias=False))  # no row kernels given: aten's
     x = torch.randn(5, in_features).to(torch.bfloat16)
     want = x.float() @ layer.dequantized().float().T
     torch.testing.assert_close(layer(x).float(), want, rtol=2e-2, atol=2e-2)
@@ -266,7 +264,7 @@ def test_the_layers_elementwise_kernels_are_their_torch_ops_rounded_once():
 
 @needs_kernels
 def test_an_int4_layer_through_the_row_kernels_computes_what_torchs_ops_compute():
-    """The fused layer path (target_model.DecoderLayer._forward_rows) and the row attention against the
+    """The fused layer path (engine/cpu/row_layer.py forward_rows, as the target calls it) and the row attention against the
     same model with the row kernels unset (torch's ops and SDPA), same int4 weights: a prompt's logits
     and then a 5-row verify block's (the rows_attention path: segments of at most EXACT_ROWS) within
     bfloat16 rounding."""
@@ -295,7 +293,7 @@ def test_an_int4_layer_through_the_row_kernels_computes_what_torchs_ops_compute(
 def test_a_nan_in_a_row_shows_in_its_output_and_nowhere_else():
     """Corruption stays visible: a NaN activation makes its own row's outputs NaN (the int8
     quantization would otherwise turn it into a plausible number) and leaves the other rows' bits."""
-    layer = Int4Linear(nn.Linear(64, 32, bias=False))
+    layer = Int4Linear(nn.Linear(64, 32, bias=False), OPS)
     x = torch.randn(3, 64).bfloat16()
     clean = layer(x)
     x[1, 5] = float("nan")

@@ -1,5 +1,5 @@
 """The row kernels' tests again, on a build with AddressSanitizer and libstdc++'s bounds assertions
-(SGLANG_DSPARK_CPU_KERNELS_CHECKED=1, kernels/cpu_rows.py): an index the Python side computes
+(SGLANG_DSPARK_CPU_KERNELS_CHECKED=1, engine/cpu/cpu_rows.py): an index the Python side computes
 that runs past a tensor is a crash with a report here, not a silently wrong row. The tests cover
 rows and context lengths at every tile edge and the cache's last position (tests/test_cpu_rows.py,
 tests/test_draft_rows.py). Slow: a separate build (about a minute) and a sanitized run."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_dspark.kernels.cpu_rows import CHECKED_ENV, REQUIRED_FLAGS, cpu_flags
+from sglang_dspark.engine.cpu.cpu_rows import CHECKED_ENV, REQUIRED_FLAGS, cpu_flags
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""The drafter on the CPU row kernels (engine/draft_rows.py) computes what its modules compute, up to
+"""The drafter on the CPU row kernels (engine/cpu/draft_rows.py) computes what its modules compute, up to
 int8 rounding; it writes the context K/V where the module path reads them; it follows the draft
 vocabulary; the engine's weight formats give it to int8 and int4 only, and a draft it cannot take
 (a cache longer than the anchor) goes through the modules."""
@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from sglang_dspark.drafter import DraftKVCache, argmax_sampler
-from sglang_dspark.engine.draft_rows import DraftRows
-from sglang_dspark.engine.weight_format import apply_to_drafter
-from sglang_dspark.kernels import cpu_rows
+from sglang_dspark.engine.cpu.draft_rows import DraftRows
+from sglang_dspark.engine.cpu.formats import WeightFormat
+from sglang_dspark.engine.cpu import cpu_rows
 from tests.drafter_fixtures import tiny_drafter
 
 needs_kernels = pytest.mark.skipif(cpu_rows.ops() is None, reason=f"row kernels unavailable: {cpu_rows.status()}")
@@ -67,10 +67,8 @@ def test_the_rows_compute_the_modules_context_kv_backbone_and_logits(head):
     block_ids = torch.full((n, g), drafter.config.mask_token_id)
     block_ids[:, 0] = anchors
     pos = anchor_pos[:, None] + torch.arange(g)
-    want = drafter._backbone_from_cache(modules, torch.arange(n), anchor_pos, block_ids, pos)
-    x = F.embedding(block_ids.view(-1), drafter.embed_weight).to(torch.bfloat16)
-    got = drafter.rows.backbone(rows.kv, x, pos.reshape(-1), torch.arange(n).repeat_interleave(g),
-                                (anchor_pos + g).repeat_interleave(g)).view(n, g, -1)
+    want = drafter.modules_backend.block_hidden(modules, torch.arange(n), anchor_pos, block_ids, pos)
+    got = drafter.rows.block_hidden(rows, torch.arange(n), anchor_pos, block_ids, pos)
     assert _error(got, want) < TOLERANCE
     assert _error(drafter.rows.logits(got), drafter.base_logits(want)) < TOLERANCE
 
@@ -147,15 +145,13 @@ def test_the_rows_follow_the_draft_vocabulary():
 
 @pytest.mark.parametrize("fmt", ["float32", "bfloat16", "int8", "int4"])
 def test_only_the_formats_that_run_the_row_kernels_draft_on_them(fmt):
-    from sglang_dspark.engine.weight_format import activation_dtype
-
-    drafter = tiny_drafter(seed=3).to(activation_dtype(fmt))
-    apply_to_drafter(drafter, fmt)
+    on = WeightFormat.of(fmt)
+    drafter = tiny_drafter(seed=3).to(on.dtype)
+    on.prepare_drafter(drafter)
     on_rows = fmt in ("int8", "int4") and cpu_rows.ops() is not None
     assert (drafter.rows is not None) == on_rows
-    with cpu_rows.disabled():
-        plain = tiny_drafter(seed=3).to(activation_dtype(fmt))
-        apply_to_drafter(plain, fmt)
+    plain = tiny_drafter(seed=3).to(on.dtype)
+    WeightFormat.of(fmt, row_kernels=False).prepare_drafter(plain)
     assert plain.rows is None
     assert "rows" not in "".join(drafter.state_dict())  # the int8 copies are never saved
 

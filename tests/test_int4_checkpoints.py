@@ -10,11 +10,12 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 
-from sglang_dspark.engine import factory, quantized_linear
-from sglang_dspark.engine.quantized_linear import Int4Linear, int4_grid_share, prefill_weights
+from sglang_dspark.engine import factory
+from sglang_dspark.engine.cpu import quantized_linear
+from sglang_dspark.engine.cpu.quantized_linear import Int4Linear, int4_grid_share
 from sglang_dspark.engine.target_model import TargetModel
-from sglang_dspark.engine.weight_format import checkpoint_int4_grid
-from sglang_dspark.kernels import cpu_rows
+from sglang_dspark.engine.cpu.formats import checkpoint_int4_grid
+from sglang_dspark.engine.cpu import cpu_rows
 from tests.engine_fixtures import VOCAB, ToyTokenizer, run_to_completion, tiny_drafter_for, tiny_hf_target
 from tests.test_weight_format import _q4_1_weight
 
@@ -75,15 +76,13 @@ def _decode_kernel(layer: Int4Linear, x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("kernel", ["q4_rows_mm", "aten"])
 def test_int4s_prefill_copy_is_the_kernels_own_weight_used_only_inside_a_prefill(kernel, monkeypatch):
-    if kernel == "aten":  # where the engine's row kernels do not run (kernels/cpu_rows.py)
-        monkeypatch.setattr(quantized_linear.cpu_rows, "ops", lambda: None)
-    elif cpu_rows.ops() is None:
+    if kernel != "aten" and cpu_rows.ops() is None:
         pytest.skip(f"the row kernels do not run here: {cpu_rows.status()}")
     w, _ = _q4_1_weight(48, 64)
     linear = nn.Linear(64, 48, bias=True)
     with torch.no_grad():
         linear.weight.copy_(w)
-    layer = Int4Linear(linear)
+    layer = Int4Linear(linear, None if kernel == "aten" else cpu_rows.ops())  # aten: where the row kernels do not run
     assert layer.kernel == ("q4_rows_mm" if kernel == "q4_rows_mm" else "aten._weight_int4pack_mm_for_cpu")
     if kernel == "aten":  # the copy is aten's kernel through the identity
         eye = torch.eye(64, dtype=torch.bfloat16)
@@ -97,22 +96,20 @@ def test_int4s_prefill_copy_is_the_kernels_own_weight_used_only_inside_a_prefill
     decode = _decode_kernel(layer, x) + layer.bias
     dense = F.linear(x, layer.weight_bf16) + layer.bias
     assert not torch.equal(decode, dense)  # the two paths round differently, so the test can tell them apart
-    assert torch.equal(layer(x), decode)  # outside a prefill: the kernel, whatever the row count
-    with prefill_weights():
-        assert torch.equal(layer(x), dense)
-        # every prompt row takes the copy whatever its chunk's size: a short chunk too
-        assert torch.equal(layer(x[:3]), F.linear(x[:3], layer.weight_bf16) + layer.bias)
-        with prefill_weights(False):
-            assert torch.equal(layer(x), decode)
-        assert torch.equal(layer(x), dense)
+    assert torch.equal(layer(x), decode)  # decode and verify rows: the kernel, whatever the row count
+    assert torch.equal(layer.prompt_rows(x), dense)
+    # every prompt row takes the copy whatever its chunk's size: a short chunk too
+    assert torch.equal(layer.prompt_rows(x[:3]), F.linear(x[:3], layer.weight_bf16) + layer.bias)
     assert torch.equal(layer(x), decode)
 
 
 def _int4_calls(target: TargetModel) -> list[tuple[bool, int]]:
-    """(inside a prefill, rows) of every call of the target's first Int4Linear, as it runs."""
+    """(a prompt chunk's, rows) of every call of the target's first Int4Linear, as it runs."""
     calls = []
     layer = next(m for m in target.modules() if isinstance(m, Int4Linear))
-    layer.register_forward_pre_hook(lambda m, args: calls.append((quantized_linear._PREFILL.get(), args[0].shape[0])))
+    layer.register_forward_pre_hook(lambda m, args: calls.append((False, args[0].shape[0])))
+    prompt_rows = layer.prompt_rows
+    layer.prompt_rows = lambda x: calls.append((True, x.shape[0])) or prompt_rows(x)
     return calls
 
 

@@ -246,3 +246,40 @@ def test_with_learning_the_learned_table_is_written_beside_the_exported_profile(
     assert os.path.dirname(parser.parse_args(argv).speculative_dspark_sps_table_path) == str(dirs / "out")
     (env, _), = _dry_run(dirs, capsys, "--profile", str(dirs / "profile.yaml"), "--sps-learning", "off")
     assert EXPORT_DIR_ENV not in env
+
+
+@pytest.mark.parametrize("mode,tp", [("scheduled", 2), ("scheduled", 1), ("full", 2), ("target", 2)])
+def test_compact_verify_on_several_gpus_runs_without_the_overlap_scheduler(dirs, capsys, server_args, mode, tp):
+    """sglang#31023: compact verify + CUDA graphs + overlap crashes at graph-size changes at TP 4 / 8 and
+    ran clean with overlap off; the launcher keeps a scheduled multi-GPU deployment off it, and says so."""
+    parser, _ = server_args
+    profile = dirs / f"profile-tp{tp}.yaml"
+    make_profile(engine="sglang", target_dir=dirs / "target", draft_dir=dirs / "draft", tp=tp).save(profile)
+    rc = launch.main(["--model", str(dirs / "target"), "--draft", str(dirs / "draft"), "--engine", "sglang",
+                      "--dry-run", "--mode", mode, "--profile", str(profile), "--tp", str(tp)])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    [(_, argv)] = printed_nodes(out.out)
+    guarded = mode == "scheduled" and tp > 1
+    assert parser.parse_args(argv).disable_overlap_schedule is guarded
+    notes = [line for line in out.err.splitlines() if line.startswith("note: ")]
+    assert len(notes) == guarded and (not guarded or "sglang#31023" in notes[0])
+
+
+def test_a_one_probe_table_is_refused_for_scheduled_serving_as_sglang_would_ignore_it(dirs, capsys):
+    from sglang.srt.speculative.dspark_components.dspark_sps import (is_uninitialized_sps_table,
+                                                                     load_sps_table_from_path)
+
+    from sglang_dspark.profile.schema import SpsCostTable
+
+    full = make_profile(engine="sglang", target_dir=dirs / "target", draft_dir=dirs / "draft")
+    one = full.replaced(sps=full.sps.model_copy(update={"cost": SpsCostTable(
+        sample_batch_tokens=[4], sample_steps_per_sec=[90.0], max_batch_tokens=64)}))
+    one.save(dirs / "one.yaml")
+    for profile, refused in ((dirs / "one.yaml", True), (dirs / "profile.yaml", False)):
+        sps, _ = one.load(profile).export_sglang(dirs / f"export-{profile.stem}")
+        assert is_uninitialized_sps_table(load_sps_table_from_path(str(sps))) is refused  # SGLang's own reading
+        rc = launch.main(["--model", str(dirs / "target"), "--draft", str(dirs / "draft"), "--engine", "sglang",
+                          "--dry-run", "--mode", "scheduled", "--profile", str(profile)])
+        err = capsys.readouterr().err.strip()
+        assert (rc == 2) is refused and (not refused or ("one probe" in err and "\n" not in err))

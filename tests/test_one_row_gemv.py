@@ -1,4 +1,4 @@
-"""bfloat16's one-row kernel (engine/one_row_gemv.py): a single row goes through the kernel that gives
+"""bfloat16's one-row kernel (engine/cpu/one_row_gemv.py): a single row goes through the kernel that gives
 it the bits it gets inside a multi-row verify block (batch invariance), and where both F.linear and
 mv do, through the one a timer said is faster; every other row count stays on F.linear. The timer is
 injected and kernels that break invariance are simulated, so nothing depends on this host."""
@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sglang_dspark.engine import one_row_gemv
-from sglang_dspark.engine.one_row_gemv import OneRowGemvLinear, pack_one_row_gemv, tune_one_row_kernels
+from sglang_dspark.engine.cpu import one_row_gemv
+from sglang_dspark.engine.cpu.one_row_gemv import OneRowGemvLinear, pack_one_row_gemv, tune_one_row_kernels
 
 
 def bf16_model() -> nn.Module:

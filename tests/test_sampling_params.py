@@ -13,7 +13,6 @@ import pytest
 import torch
 from scipy import stats
 
-from sglang_dspark.engine.quantized_linear import prefill_weights
 from sglang_dspark.engine.sampling import SamplingBatch, SamplingParams
 from sglang_dspark.engine.target_model import Segment, TargetModel
 from tests.engine_fixtures import VOCAB, run_to_completion, tiny_engine, tiny_hf_target
@@ -62,9 +61,8 @@ def target_logits(hf, prompt: list[int], weight_format: str = "float32") -> list
 
         def next_logits(seqs):
             cache, n = target.new_kv_cache(len(seqs), len(seqs[0])), len(prompt)
-            with prefill_weights():
-                logits = target.forward_segments([Segment(i, 0, torch.tensor(s[:n])) for i, s in enumerate(seqs)],
-                                                 cache, logits_for="last").logits
+            logits = target.forward_segments([Segment(i, 0, torch.tensor(s[:n])) for i, s in enumerate(seqs)],
+                                             cache, logits_for="last", prompt=True).logits
             for pos in range(n, len(seqs[0])):
                 logits = target.forward_segments([Segment(i, pos, torch.tensor(s[pos:pos + 1])) for i, s in enumerate(seqs)],
                                                  cache).logits
@@ -164,7 +162,7 @@ def test_served_tokens_follow_the_warped_target_distribution(mode, fmt, expected
     """All parameter sets in one engine run (rows with different parameters share every batch),
     SAMPLES requests each; tokens 1-3 each tested at ALPHA. Drafting: off (target), every draft
     verified (full), or cut at half the drafts by a forced budget (scheduled); the weight formats
-    (engine/weight_format.py) with drafting cut, against their own model's marginals."""
+    (engine/cpu/formats.py) with drafting cut, against their own model's marginals."""
     sets, mutants = expected[fmt]
     engine = tiny_engine(mode, hf=make_hf(), max_running=64, seed=7, weight_format=fmt)
     if mode == "scheduled":

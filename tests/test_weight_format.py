@@ -1,4 +1,4 @@
-"""Weight formats (engine/weight_format.py): bfloat16 is transformers' bfloat16 arithmetic, int8 and
+"""Weight formats (engine/cpu/formats.py): bfloat16 is transformers' bfloat16 arithmetic, int8 and
 int4 are the quantized models they claim to be (int4 recovers a Q4_1 GGUF's own integers), a
 quantized row does not depend on the rows it is computed with, every engine mode decodes the same
 greedy tokens in each format, `auto` follows the timings, and a profile of another format is only
@@ -14,8 +14,8 @@ from torch import nn
 
 from sglang_dspark.engine.kv_cache import zeros_on_demand
 from sglang_dspark.engine.target_model import Segment, TargetModel
-from sglang_dspark.engine.quantized_linear import INT4_GROUP, Int4Linear, Int8Linear, int4_groups, quantize_linears
-from sglang_dspark.engine.weight_format import activation_dtype, choose_auto
+from sglang_dspark.engine.cpu.quantized_linear import INT4_GROUP, Int4Linear, Int8Linear, int4_groups, quantize_linears
+from sglang_dspark.engine.cpu.formats import activation_dtype, choose_auto
 from tests.engine_fixtures import VOCAB, ToyTokenizer, run_to_completion, tiny_drafter_for, tiny_hf_target
 from tests.test_target_model import FAMILIES, hf_logits, make_pair, seq
 
@@ -231,7 +231,7 @@ def test_launch_resolves_auto_by_the_flags_alone_on_a_native_bfloat16_cpu(tmp_pa
 
 
 def test_native_bfloat16_flags_are_read_from_cpuinfo(tmp_path):
-    from sglang_dspark.engine.weight_format import native_bf16_flags
+    from sglang_dspark.engine.cpu.formats import native_bf16_flags
 
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx512f avx512_bf16 avx512_vnni\n\nprocessor\t: 1\n")

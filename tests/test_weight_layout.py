@@ -8,7 +8,7 @@ from torch import nn
 from sglang_dspark.drafter import greedy_sampler, load_drafter, save_drafter
 from sglang_dspark.drafter.model import DraftKVCache
 from sglang_dspark.engine.target_model import TargetModel
-from sglang_dspark.engine.weight_layout import (
+from sglang_dspark.engine.cpu.weight_layout import (
     DEFAULT_ROW_MAJOR_ROWS,
     DualLayoutLinear,
     input_major,

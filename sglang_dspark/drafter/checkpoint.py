@@ -79,7 +79,7 @@ def load_drafter(ckpt_dir, target_embed, target_lm_head, dtype=torch.float32, *,
                  draft_vocab: bool = True) -> DSparkDrafter:
     """Rebuild the drafter around the target's (shared, frozen) embedding and lm_head; with
     `draft_vocab`, drafting uses the directory's draft_vocab.pt when it has one. Weights keep
-    PyTorch's layout; the engine repacks them for its CPU GEMMs (engine/weight_layout.py)."""
+    PyTorch's layout; the engine repacks them for its CPU GEMMs (engine/cpu/weight_layout.py)."""
     config = load_config(ckpt_dir)
     drafter = DSparkDrafter(config, target_embed, target_lm_head)
     state = load_file(str(Path(ckpt_dir) / WEIGHTS_NAME))

@@ -15,10 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from sglang_dspark.drafter.backend import DraftBackend
+from sglang_dspark.drafter.backend import DraftBackend, ModuleBackend
 from sglang_dspark.drafter.config import DSparkDraftConfig
 from sglang_dspark.drafter.heads import MARKOV_HEADS, ConfidenceHead
 from sglang_dspark.drafter.layers import DraftDecoderLayer, rope_cos_sin
@@ -40,7 +39,7 @@ class TrainOutput:
 
 
 def _weight(module_or_tensor) -> torch.Tensor:
-    if hasattr(module_or_tensor, "dequantized"):  # a quantized lm_head (engine/weight_format.py)
+    if hasattr(module_or_tensor, "dequantized"):  # a quantized lm_head (engine/cpu/formats.py)
         return module_or_tensor.dequantized()
     w = module_or_tensor.weight if hasattr(module_or_tensor, "weight") else module_or_tensor
     return w.detach()
@@ -71,9 +70,14 @@ class DSparkDrafter(nn.Module):
         # Optional hot draft vocabulary and its rows of the vocabulary-sized weights (set_draft_vocab).
         for name in ("draft_vocab", "_vocab_lm_head", "_vocab_markov_w2"):
             self.register_buffer(name, None, persistent=False)
-        # inference on the CPU row kernels (engine/draft_rows.py), set by engine/weight_format.py: a
+        # inference on the CPU row kernels (engine/cpu/draft_rows.py), set by engine/cpu/formats.py: a
         # plain attribute, not a submodule, so its int8 copies never enter the state dict
         self.rows: DraftBackend | None = None
+        self.modules_backend = ModuleBackend(self)  # the same arithmetic through the modules above
+
+    def backend_for(self, kv: torch.Tensor) -> DraftBackend:
+        """The row kernels where attached and they take this cache, else the modules."""
+        return self.rows if self.rows is not None and self.rows.accepts(kv) else self.modules_backend
 
     @property
     def gamma(self) -> int:
@@ -226,31 +230,25 @@ class DSparkDrafter(nn.Module):
         block_ids = torch.full((r, g), self.config.mask_token_id, device=device, dtype=torch.long)
         block_ids[:, 0] = anchors
         pos = anchor_pos[:, None] + torch.arange(g, device=device)
-        # the rows write the block's K/V to the cache positions it occupies: only past each slot's
-        # context (the engine's case) and inside the cache, else the modules draft
-        rows = self.rows if self.rows is not None and cache.kv.dtype == torch.bfloat16 and all(
-            cache.length(slot) == p and p + g <= cache.max_len for slot, p in zip(slots, anchor_list)) else None
-        if rows is not None:  # each row attends to its slot's first anchor + gamma keys: no gather, no mask
-            x = F.embedding(block_ids.view(-1), self.embed_weight).to(torch.bfloat16)
-            keys = (anchor_pos + g).repeat_interleave(g)
-            hidden = rows.backbone(cache.kv, x, pos.reshape(-1), slot_index.repeat_interleave(g), keys).view(r, g, -1)
-            base = rows.logits(hidden)
-        else:
-            hidden = self._backbone_from_cache(cache, slot_index, anchor_pos, block_ids, pos)
-            base = self.base_logits(hidden, self._vocab_lm_head)  # [R, G, V], or [R, G, S] over a draft vocabulary
-        chain = rows.greedy_chain(base, anchors) if rows is not None and is_argmax(sampler) else None
+        backend = self.backend_for(cache.kv)
+        hidden = backend.block_hidden(cache, slot_index, anchor_pos, block_ids, pos)
+        if hidden is None:  # a geometry the row kernels do not serve
+            backend = self.modules_backend
+            hidden = backend.block_hidden(cache, slot_index, anchor_pos, block_ids, pos)
+        base = backend.logits(hidden)  # [R, G, V], or [R, G, S] over a draft vocabulary
+        chain = backend.greedy_chain(base, anchors) if is_argmax(sampler) else None
         if chain is not None:  # every position's argmax in one kernel call: no per-position Python
             tokens, probs = chain, None
         else:
-            tokens, probs = self._sequential_stage(base, hidden, anchors, sampler, rows)
+            tokens, probs = self._sequential_stage(base, hidden, anchors, sampler, backend)
         prev_tokens = torch.cat([anchors[:, None], tokens[:, :-1]], dim=1)
-        if rows is not None and self.confidence_head is not None:
-            conf_logits = rows.confidence(hidden, self._prev_embeddings(prev_tokens))
+        if self.confidence_head is not None:
+            conf_logits = backend.confidence(hidden, self._prev_embeddings(prev_tokens))
         else:
-            conf_logits = self.confidence(hidden, prev_tokens)
+            conf_logits = hidden.new_zeros(hidden.shape[:-1], dtype=torch.float32)
         return DraftOutput(tokens=tokens, probs=probs, conf_logits=conf_logits)
 
-    def _sequential_stage(self, base, hidden, anchors, sampler, rows):
+    def _sequential_stage(self, base, hidden, anchors, sampler, backend: DraftBackend):
         """The Markov bias and a sample, position after position: (tokens [R, G], the distributions
         sampled from [R, G, V] or None)."""
         vocab = self.draft_vocab
@@ -261,10 +259,7 @@ class DSparkDrafter(nn.Module):
             step_logits = base[:, k]
             if self.markov_head is not None:
                 features, state = self.markov_head.step_features(prev, hidden[:, k], state)
-                bias = (rows.markov_bias(features) if rows is not None
-                        else self.markov_head.markov_w2(features) if vocab is None
-                        else F.linear(features, self._vocab_markov_w2.to(features.dtype)))
-                step_logits = step_logits + bias  # float32 + bfloat16 promotes exactly: no .float() copy
+                step_logits = step_logits + backend.markov_bias(features)  # float32 + bfloat16 promotes exactly: no .float() copy
             choice, p = sampler(step_logits, k)
             prev = choice if vocab is None else vocab[choice]  # the Markov head reads real token ids
             tokens.append(prev)
@@ -273,17 +268,6 @@ class DSparkDrafter(nn.Module):
             raise ValueError("the sampler reported probabilities for some positions of the block but not all")
         probs = None if probs[0] is None else self._expand_to_vocab(torch.stack(probs, dim=1))  # once, not per position
         return torch.stack(tokens, dim=1), probs
-
-    def _backbone_from_cache(self, cache, slot_index, anchor_pos, block_ids, pos) -> torch.Tensor:
-        """The block's final hidden [R, G, H] through the module's own layers: the context K/V
-        gathered per slot, a mask for each row's context length."""
-        r, g = block_ids.shape
-        c = max(int(anchor_pos.max()), 1)
-        ctx_kv = [(cache.k[i, slot_index, :c].to(self.dtype), cache.v[i, slot_index, :c].to(self.dtype))
-                  for i in range(len(self.layers))]
-        sees_ctx = torch.arange(c, device=block_ids.device)[None, :] < anchor_pos[:, None]  # [R, C]
-        mask = torch.cat([sees_ctx, sees_ctx.new_ones(r, g)], dim=-1)[:, None, :].expand(r, g, c + g)
-        return self.backbone(block_ids, pos, ctx_kv, mask)
 
 
 STAGE_ROWS = 512  # per slot: decode rows staged in place between drafts (DraftKVCache)
@@ -299,7 +283,7 @@ class DraftKVCache:
 
     Layout: `kv` [layers, 2, slots, kv_heads, max_len, head_dim], the target's KV cache layout
     (engine/kv_cache.py), so that a layer's [2, slots, kv_heads, max_len, head_dim] is what the row
-    kernels read and write (engine/draft_rows.py); `k` and `v` are views [layers, slots, max_len,
+    kernels read and write (engine/cpu/draft_rows.py); `k` and `v` are views [layers, slots, max_len,
     kv_heads, head_dim].
     """
 
@@ -399,12 +383,6 @@ class DraftKVCache:
                      + torch.arange(hidden.shape[0], device=device) - first)
         slot_index = torch.repeat_interleave(torch.tensor([slot for slot, _, _ in pieces], device=device), lens,
                                              output_size=hidden.shape[0])
-        if self.drafter.rows is not None and self.kv.dtype == torch.bfloat16:  # one pass per layer on the row kernels
-            self.drafter.rows.store_context(self.kv, hidden, positions, slot_index)
-        else:
-            k_all, v_all = self.k, self.v
-            for i, (k, v) in enumerate(self.drafter.context_kv(hidden, positions)):
-                k_all[i, slot_index, positions] = k.to(self.kv.dtype)
-                v_all[i, slot_index, positions] = v.to(self.kv.dtype)
+        self.drafter.backend_for(self.kv).store_context(self.kv, hidden, positions, slot_index)
         for slot in slots:
             self._staged[slot] = []

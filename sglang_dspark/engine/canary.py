@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from sglang_dspark.engine.cpu.formats import WeightFormat
 from sglang_dspark.engine.request import Request
 
 logger = logging.getLogger(__name__)
@@ -40,11 +41,11 @@ logger = logging.getLogger(__name__)
 MAX_QUEUED = 64  # replays waiting for spare capacity; older ones are dropped (and counted)
 MATCH, NEAR_TIE, MISMATCH = "match", "near_tie", "mismatch"
 # how far below the replay's choice the original's token may be and still count as a near tie, in
-# bfloat16 ulps at the replay's logit, per served weight format (engine/weight_format.py); a format
-# not named (float32) allows none, not even an exact tie. Clean batched replays of SmolLM2 left the
-# original at 0-3 ulps (22 of 64, bfloat16 and int4); replays of an injected acceptance fault at
-# 0-1 in 5 of 64 (indistinguishable from a tie) and at 5 or more in the rest (benchmarks/canary_ties.py)
-NEAR_TIE_ULPS = {"bfloat16": 4.0, "int8": 4.0, "int4": 4.0}
+# bfloat16 ulps at the replay's logit, is the served format's (WeightFormat.near_tie_ulps,
+# engine/cpu/formats.py); a format with none (float32) allows none, not even an exact tie. Clean
+# batched replays of SmolLM2 left the original at 0-3 ulps (22 of 64, bfloat16 and int4); replays of
+# an injected acceptance fault at 0-1 in 5 of 64 (indistinguishable from a tie) and at 5 or more in
+# the rest (benchmarks/canary_ties.py)
 
 
 def bf16_ulp(x: float) -> float:
@@ -123,8 +124,8 @@ class Canary:
         req.expected_eos = replay.ended_on_eos
         return req
 
-    def finished(self, req: Request, weight_format: str = "float32") -> str | None:
-        """A replay ended: MATCH, NEAR_TIE (it left the original at a near tie of `weight_format`'s
+    def finished(self, req: Request, fmt: WeightFormat) -> str | None:
+        """A replay ended: MATCH, NEAR_TIE (it left the original at a near tie of the served format's
         rounding), MISMATCH (logged at error, kept), or None if aborted."""
         if req.finish_reason == "abort":
             return None
@@ -135,11 +136,11 @@ class Canary:
         first = next((i for i, (a, b) in enumerate(zip(replayed, speculative)) if a != b),
                      min(len(replayed), len(speculative)))
         margin = math.inf if req.divergence_margin is None else req.divergence_margin
-        near_tie = weight_format in NEAR_TIE_ULPS and 0.0 <= margin <= NEAR_TIE_ULPS[weight_format]
+        near_tie = fmt.near_tie_ulps is not None and 0.0 <= margin <= fmt.near_tie_ulps
         if near_tie:
             self.near_ties += 1
             logger.warning("canary: request %s left its replay at a near tie at token %d (the original's token %.2f "
-                           "bfloat16 ulps below the replay's, %s rounding)", req.replay_of, first, margin, weight_format)
+                           "bfloat16 ulps below the replay's, %s rounding)", req.replay_of, first, margin, fmt.name)
         else:
             self.mismatches += 1
             logger.error("canary: request %s decoded differently without speculation from token %d on "
@@ -148,7 +149,7 @@ class Canary:
         if self.evidence_dir is not None:
             self.evidence_dir.mkdir(parents=True, exist_ok=True)
             record = {"request_id": req.replay_of, "first_difference": first, "prompt_ids": req.prompt_ids,
-                      "speculative": speculative, "replayed": replayed, "weight_format": weight_format,
+                      "speculative": speculative, "replayed": replayed, "weight_format": fmt.name,
                       "margin_ulps": None if math.isinf(margin) else round(margin, 3), "near_tie": near_tie}
             with open(self.evidence_dir / "canary_mismatches.jsonl", "a") as f:
                 f.write(json.dumps(record) + "\n")

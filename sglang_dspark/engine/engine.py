@@ -443,7 +443,7 @@ class Engine:
     def _release_replay(self, req: Request) -> None:
         self.policy.release(req.id)
         self._last_emit.pop(req.id, None)
-        outcome = self.canary.finished(req, self.runner.target.weight_format)
+        outcome = self.canary.finished(req, self.runner.target.fmt)
         if outcome is not None:
             self.metrics.canary_replays.inc()
             if outcome == NEAR_TIE:
@@ -522,7 +522,7 @@ class Engine:
             "max_running_requests": self.config.max_running,
             "context_length": self.max_len,
             "kv_cache_bytes": self.runner.kv_bytes(),
-            "weight_format": self.runner.target.weight_format,  # engine/weight_format.py
+            "weight_format": self.runner.target.weight_format,  # engine/cpu/formats.py
             "dspark_fingerprint": self.identity,
             "internal_states": [state],
         }

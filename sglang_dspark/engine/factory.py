@@ -13,18 +13,14 @@ import torch
 from sglang_dspark.core.sps import SpsTable
 from sglang_dspark.engine.engine import Engine, EngineConfig
 from sglang_dspark.engine.heap import release_freed_memory
-from sglang_dspark.engine.one_row_gemv import tune_one_row_kernels
+from sglang_dspark.engine.cpu.formats import WeightFormat, checkpoint_int4_grid, choose_auto, native_bf16_flags
 from sglang_dspark.engine.target_model import TargetModel
-from sglang_dspark.engine.weight_format import (activation_dtype, apply_to_drafter, checkpoint_int4_grid, choose_auto,
-                                                native_bf16_flags)
-from sglang_dspark.engine.weight_layout import tune_layouts
-from sglang_dspark.kernels import cpu_rows
 
 logger = logging.getLogger(__name__)
 
 
 def resolve_weight_format(weight_format: str, model_dir) -> tuple[str, str]:
-    """(format, why) for a requested format; `auto` (engine/weight_format.py) reads a sample of the
+    """(format, why) for a requested format; `auto` (engine/cpu/formats.py) reads a sample of the
     target's decoder weights where the CPU has native bfloat16 (are they already 4-bit?), and
     elsewhere times Linear weights of the target's own shapes, read from the safetensors headers
     only. Call after setting torch's thread count."""
@@ -88,34 +84,32 @@ def _sampled_decoder_weights(model_dir) -> tuple[dict, dict]:
 
 
 def load_models(model_dir, draft_dir=None, *, draft_vocab: bool = True, tune: bool = True,
-                weight_format: str = "float32"):
+                weight_format: str = "float32", row_kernels: bool = True):
     """(TargetModel, tokenizer, drafter or None): the drafter shares the target's embedding and
     lm_head; with `draft_vocab` it drafts from its hot vocabulary when it ships one. Both models run
-    in `weight_format` (engine/weight_format.py; `auto` is resolved here, and the choice is logged and
-    kept as `target.weight_format`). With `tune`, float32's CPU weight layouts (engine/weight_layout.py)
-    and bfloat16's one-row kernel (engine/one_row_gemv.py) are timed on this host (call after setting
-    torch's thread count, which changes the answers)."""
+    in `weight_format` (engine/cpu/formats.py; `auto` is resolved here, and the choice is logged and
+    kept as `target.weight_format`); `row_kernels=False` keeps int8 and int4 on aten's kernels (the
+    side-by-side benchmarks). With `tune`, float32's CPU weight layouts and bfloat16's one-row kernel
+    are timed on this host (`WeightFormat.tune`; call after setting torch's thread count, which
+    changes the answers)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # directories only, never a hub
     from transformers import AutoTokenizer
 
     from sglang_dspark.drafter.checkpoint import load_drafter
 
-    weight_format, why = resolve_weight_format(weight_format, model_dir)
-    logger.info("weight format %s (%s)", weight_format, why)
-    target = TargetModel.from_pretrained(str(model_dir), weight_format=weight_format)
-    if weight_format in ("int8", "int4"):
-        kernels = sorted({m.kernel for m in target.modules() if hasattr(m, "kernel")})
-        logger.info("%s decode and verify rows: %s; norms, RoPE, attention: %s (%s)", weight_format, ", ".join(kernels),
-                    "the row kernels" if target.row_kernels is not None else "torch's ops, SDPA", cpu_rows.status())
+    name, why = resolve_weight_format(weight_format, model_dir)
+    logger.info("weight format %s (%s)", name, why)
+    fmt = WeightFormat.of(name, row_kernels=row_kernels)
+    target = TargetModel.from_pretrained(str(model_dir), weight_format=fmt)
+    logger.info("%s", fmt.describe(target))
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     drafter = None
     if draft_dir is not None:
         drafter = load_drafter(draft_dir, target.embed_tokens, target.lm_head_weight(),
-                               dtype=activation_dtype(weight_format), draft_vocab=draft_vocab)
-        apply_to_drafter(drafter, weight_format)
+                               dtype=fmt.dtype, draft_vocab=draft_vocab)
+        fmt.prepare_drafter(drafter)
     if tune and target.embed_tokens.weight.device.type == "cpu":
-        tune_layouts([m for m in (target, drafter) if m is not None])
-        tune_one_row_kernels([m for m in (target, drafter) if m is not None])
+        fmt.tune([m for m in (target, drafter) if m is not None])
     release_freed_memory()  # the float32 checkpoint and the timing copies, freed, not yet returned
     return target, tokenizer, drafter
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import torch
 
 from sglang_dspark.engine.kv_cache import release_on_demand, zeros_on_demand
-from sglang_dspark.engine.quantized_linear import prefill_weights
 from sglang_dspark.engine.target_model import ForwardOutput, Segment, TargetModel
 
 
@@ -59,9 +58,8 @@ class ModelRunner:
         token, or with `all_logits` [total tokens, V] of every token (prompt logprobs). Their hidden
         states become drafter context."""
         segments = [Segment(slot, start, torch.tensor(tokens)) for slot, start, tokens in chunks]
-        with prefill_weights():  # int4's bfloat16 copy: a GEMM for many rows (engine/quantized_linear.py)
-            out = self.target.forward_segments(segments, self.cache, capture_layers=self.capture,
-                                               logits_for="all" if all_logits else "last")
+        out = self.target.forward_segments(segments, self.cache, capture_layers=self.capture,
+                                           logits_for="all" if all_logits else "last", prompt=True)
         if self.draft_cache is not None:
             offset = 0
             for seg in segments:

@@ -5,11 +5,12 @@ many requests together. Linear layers run once on the packed [T, d] tokens; atte
 call per layer over the segments padded to the longest new-token count and context, except for one
 request's decode and verify rows, which are computed batch-invariantly (_one_request_attention).
 Where the weight format sets `row_kernels` (int8 and int4 where the package's CPU kernels run,
-engine/weight_format.py), a layer's norms, RoPE with the cache write, and SiLU run as one row kernel
-each, and a call whose segments all have at most EXACT_ROWS tokens (decode rows, verify blocks of
-gamma <= 15, short chunks) takes the row kernels' attention: one call per layer for all rows of all
-requests, each row over exactly the keys it sees, so no row depends on what shares its step
-(kernels/cpu_rows.py); a longer segment sends the call to the masked SDPA path.
+engine/cpu/formats.py), a layer runs as engine/cpu/row_layer.py's nine row-kernel calls (the
+drafter's block makes the same), and a call whose segments all have at most EXACT_ROWS tokens (decode
+rows, verify blocks of gamma <= 15, short chunks) takes the row kernels' attention: one call per
+layer for all rows of all requests, each row over exactly the keys it sees, so no row depends on
+what shares its step (engine/cpu/cpu_rows.cpp); a longer segment sends the call to the masked SDPA
+path. Prompt chunks call each Linear layer's prompt path (`prompt=True`: int4's bfloat16 copy).
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
+from sglang_dspark.engine.cpu.formats import WeightFormat, model_dtype
+from sglang_dspark.engine.cpu.limits import EXACT_ROWS
+from sglang_dspark.engine.cpu.row_layer import attend_rows, call, forward_rows, prompt_call
 from sglang_dspark.engine.kv_cache import KVCache
-from sglang_dspark.engine.weight_format import activation_dtype, apply_to_target, model_dtype
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 # Positions past the model's context that a draft block may occupy: a request at the context's end
@@ -101,7 +104,6 @@ class RMSNorm(nn.RMSNorm):
 # One request's decode and verify rows (a segment of up to EXACT_ROWS after a cached prefix) take
 # the batch-invariant attention (_one_request_attention); longer segments (prompt chunks after a
 # cached prefix) take the batched, masked kernel.
-EXACT_ROWS = 16
 
 
 class DecoderLayer(nn.Module):
@@ -124,11 +126,15 @@ class DecoderLayer(nn.Module):
         self.gate_up_proj = nn.Linear(d, 2 * config.intermediate_size, bias=mlp_bias)
         self.down_proj = nn.Linear(config.intermediate_size, d, bias=mlp_bias)
 
+    # set by the weight format where the row kernels serve the model (engine/cpu/row_layer.py)
+    row_weights = None
+
     def forward(self, x: torch.Tensor, layer_kv: torch.Tensor, b: "_Batch") -> torch.Tensor:
-        if b.kernels is not None and not self.qk_norm:
-            return self._forward_rows(x, layer_kv, b, b.kernels)
+        if b.kernels is not None:
+            return forward_rows(b.kernels, self.row_weights, x, layer_kv, b.rope_cos, b.rope_sin, b.positions,
+                                b.token_slots, lambda q: self._attention(q, layer_kv, b), b.linear)
         T, H, KVH, hd = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = self.qkv_proj(self.attn_norm(x))
+        qkv = b.linear(self.qkv_proj, self.attn_norm(x))
         v = qkv[:, (H + KVH) * hd :].view(T, KVH, hd)
         if self.qk_norm:
             q, k = qkv[:, : H * hd].view(T, H, hd), qkv[:, H * hd : (H + KVH) * hd].view(T, KVH, hd)
@@ -140,24 +146,14 @@ class DecoderLayer(nn.Module):
         q, k = qk[:, :H], qk[:, H:]
         # layer_kv [2, slots, KVH, max_len, hd]; split advanced indices put T first: [T, 2, KVH, hd]
         layer_kv[:, b.token_slots, :, b.positions] = torch.stack((k, v), dim=1)
-        x = x + self.o_proj(self._attention(q, layer_kv, b))
-        gate, up = self.gate_up_proj(self.mlp_norm(x)).chunk(2, dim=-1)
-        return x + self.down_proj(F.silu(gate) * up)
-
-    def _forward_rows(self, x: torch.Tensor, layer_kv: torch.Tensor, b: "_Batch", ops) -> torch.Tensor:
-        """The same layer through the row kernels: 9 calls instead of about 30 small ops, each row on
-        its own (float32 inside each kernel, rounded once to bfloat16)."""
-        qkv = self.qkv_proj(ops.rows_rmsnorm(x, self.attn_norm.weight, self.attn_norm.eps))
-        q = ops.rows_rope_store(qkv, b.rope_cos, b.rope_sin, b.positions, b.token_slots, layer_kv,
-                                self.num_heads, self.num_kv_heads)
-        x, h = ops.rows_add_rmsnorm(x, self.o_proj(self._attention(q, layer_kv, b)), self.mlp_norm.weight,
-                                    self.mlp_norm.eps)
-        return x + self.down_proj(ops.rows_silu_mul(self.gate_up_proj(h)))
+        x = x + b.linear(self.o_proj, self._attention(q, layer_kv, b))
+        gate, up = b.linear(self.gate_up_proj, self.mlp_norm(x)).chunk(2, dim=-1)
+        return x + b.linear(self.down_proj, F.silu(gate) * up)
 
     def _attention(self, q: torch.Tensor, layer_kv: torch.Tensor, b: "_Batch") -> torch.Tensor:
         H, KVH, hd = self.num_heads, self.num_kv_heads, self.head_dim
         if b.row_keys is not None:
-            return b.kernels.rows_attention(q.contiguous(), layer_kv, b.token_slots, b.row_keys, hd ** -0.5)
+            return attend_rows(b.kernels, q, layer_kv, b.token_slots, b.row_keys, hd ** -0.5)
         R, N, G = b.num_segments, b.max_new, H // KVH
         if R == 1 and b.mask is None:  # _batch builds no mask where one request's rows go one by one
             return self._one_request_attention(q, layer_kv, b)
@@ -213,11 +209,13 @@ class _Batch:
     row_keys: torch.Tensor | None = None  # [T] keys each row sees (its position + 1) where rows_attention serves
     rope_cos: torch.Tensor | None = None  # the model's tables (in its dtype), for rows_rope_store
     rope_sin: torch.Tensor | None = None
+    linear: object = call  # how a Linear layer takes these rows (row_layer.call, or prompt_call for a prompt chunk)
 
 
 class TargetModel(nn.Module):
-    # set by the weight format (engine/weight_format.py): torch.ops of kernels/cpu_rows.py, or None
+    # set by the weight format (engine/cpu/formats.py): torch.ops of engine/cpu/cpu_rows.py, or None
     row_kernels = None
+    fmt: WeightFormat  # the format it was prepared in
 
     def __init__(self, config):
         super().__init__()
@@ -243,9 +241,9 @@ class TargetModel(nn.Module):
     # ---- construction -------------------------------------------------------------------------
 
     @classmethod
-    def from_pretrained(cls, path: str, *, weight_format: str = "float32", device="cpu") -> "TargetModel":
+    def from_pretrained(cls, path: str, *, weight_format: "str | WeightFormat" = "float32", device="cpu") -> "TargetModel":
         """Load a HF safetensors model directory (config.json + *.safetensors) in `weight_format`
-        (engine/weight_format.py)."""
+        (engine/cpu/formats.py)."""
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(path)
@@ -257,16 +255,17 @@ class TargetModel(nn.Module):
         return cls._from_hf_state_dict(config, state, weight_format, device)
 
     @classmethod
-    def from_hf_model(cls, hf_model, weight_format: str | None = None) -> "TargetModel":
+    def from_hf_model(cls, hf_model, weight_format: "str | WeightFormat | None" = None) -> "TargetModel":
         """Build from an in-memory transformers *ForCausalLM (weights copied into fused layout); the
         format defaults to the one the HF model runs in (float32 or bfloat16)."""
         p = next(hf_model.parameters())
-        weight_format = weight_format or ("bfloat16" if p.dtype == torch.bfloat16 else "float32")
+        weight_format = weight_format or WeightFormat.running_in(p.dtype)
         return cls._from_hf_state_dict(hf_model.config, hf_model.state_dict(), weight_format, p.device)
 
     @classmethod
-    def _from_hf_state_dict(cls, config, hf: dict, weight_format: str, device) -> "TargetModel":
-        dtype = activation_dtype(weight_format)
+    def _from_hf_state_dict(cls, config, hf: dict, weight_format: "str | WeightFormat", device) -> "TargetModel":
+        fmt = WeightFormat.of(weight_format)
+        dtype = fmt.dtype
         with torch.device("meta"):  # no random init of weights we are about to overwrite
             model = cls(config)
         ours = {"embed_tokens.weight": hf["model.embed_tokens.weight"], "norm.weight": hf["model.norm.weight"]}
@@ -296,9 +295,13 @@ class TargetModel(nn.Module):
         if config.tie_word_embeddings:  # assign=True made two Parameters; share one again
             model.lm_head.weight = model.embed_tokens.weight
         model = model.to(device=device, dtype=dtype).eval()
-        apply_to_target(model, weight_format)
-        model.weight_format = weight_format
+        fmt.prepare_target(model)
         return model
+
+    @property
+    def weight_format(self) -> str:
+        """The format's name (engine/cpu/names.py)."""
+        return self.fmt.name
 
     @property
     def dtype(self) -> torch.dtype:
@@ -318,7 +321,7 @@ class TargetModel(nn.Module):
 
     # ---- forward ------------------------------------------------------------------------------
 
-    def _batch(self, segments: list[Segment], cache: KVCache) -> _Batch:
+    def _batch(self, segments: list[Segment], cache: KVCache, prompt: bool = False) -> _Batch:
         dev = self.rope_cos.device
         R = len(segments)
         lens = [len(s.tokens) for s in segments]
@@ -360,19 +363,20 @@ class TargetModel(nn.Module):
             signed_sin=(self.rope_sin[positions][:, None] * self.rope_sign).to(cache.dtype),
             rotate_index=self.rope_index,
             kernels=self.row_kernels, row_keys=positions + 1 if rows_kernel else None,
-            rope_cos=self.rope_cos, rope_sin=self.rope_sin,
+            rope_cos=self.rope_cos, rope_sin=self.rope_sin, linear=prompt_call if prompt else call,
         )
 
     @torch.inference_mode()
     def forward_segments(self, segments: list[Segment], cache: KVCache, *, capture_layers: tuple[int, ...] = (),
-                         logits_for: str = "all") -> ForwardOutput:
+                         logits_for: str = "all", prompt: bool = False) -> ForwardOutput:
         """Write the segments' K/V into their slots and return logits (and captured hidden states).
 
         Each segment attends to its slot's cache positions < start plus its own earlier tokens.
+        `prompt`: the segments are prompt chunks, which take each Linear layer's prompt path.
         """
         if logits_for not in ("all", "last"):
             raise ValueError(f"logits_for must be 'all' or 'last', got {logits_for!r}")
-        b = self._batch(segments, cache)
+        b = self._batch(segments, cache, prompt)
         x = self.embed_tokens(torch.cat([s.tokens for s in segments]).to(self.rope_cos.device))
         captured = {}
         for i, layer in enumerate(self.layers):

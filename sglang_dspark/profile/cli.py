@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from sglang_dspark.core.schema import error_line
 from sglang_dspark.help_format import DefaultsHelpFormatter, OneLineErrorParser
-from sglang_dspark.engine.format_names import FORMAT_CHOICES
+from sglang_dspark.engine.cpu.names import FORMAT_CHOICES
 from sglang_dspark.profile.schema import ProfileError, SlaProfile, SlaTier
 
 EXIT_ERROR = 2

@@ -57,7 +57,7 @@ class Fingerprint(StrictModel):
     tp: int = 1
     dp: int = 1
     gamma: int = 0
-    # the reference engine's weight format (engine/weight_format.py); profiles before the field were
+    # the reference engine's weight format (engine/cpu/formats.py); profiles before the field were
     # float32. SGLang's own dtype flags are SGLang's: None there.
     weight_format: str | None = None
 

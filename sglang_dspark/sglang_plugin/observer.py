@@ -66,11 +66,12 @@ class _Staged:
     def stage(cls, **tensors):
         import torch
 
-        on_device = any(t is not None and t.device.type != "cpu" for t in tensors.values())
-        copies = {k: None if t is None else t.detach().to("cpu", non_blocking=on_device) for k, t in tensors.items()}
+        device = next((t.device for t in tensors.values() if t is not None and t.device.type != "cpu"), None)
+        copies = {k: None if t is None else t.detach().to("cpu", non_blocking=device is not None)
+                  for k, t in tensors.items()}
         event = None
-        if on_device:
-            event = torch.cuda.Event()
+        if device is not None:  # CUDA, or the NPU / XPU that SGLang's DSpark also runs on
+            event = torch.get_device_module(device).Event()
             event.record()
         return cls(copies, event)
 

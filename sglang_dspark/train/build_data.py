@@ -22,7 +22,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from sglang_dspark.engine.format_names import FORMAT_CHOICES
+from sglang_dspark.engine.cpu.names import FORMAT_CHOICES
 from sglang_dspark.train.features import capture_layers, final_norm_of, teacher_forced_rows
 from sglang_dspark.train.shards import DatasetWriter
 from sglang_dspark.train.sources import SOURCES, SPLITS, first_replies, on_policy_sequences, sharegpt_pool, \
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="pool order and sampling seed (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--dtype", default="float32", choices=FORMAT_CHOICES,
-                   help="the target's weight format while it answers and computes features (engine/weight_format.py; "
+                   help="the target's weight format while it answers and computes features (engine/cpu/formats.py; "
                         "auto: as launch decides on this host). Train on the format you serve: its features and "
                         "on-policy replies are the served model's. Recorded in the dataset's settings (default: %(default)s)")
     return p

@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from sglang_dspark.engine.quantized_linear import prefill_weights
 from sglang_dspark.engine.target_model import Segment, TargetModel
 
 LOGIT_ROWS = 512  # positions per full-vocabulary matmul (bounds the [rows, V] logits in memory)
@@ -58,8 +57,7 @@ def _hidden(target: TargetModel, cache, layers, segments: list[Segment], *, pref
     segments = [s for s in segments if len(s.tokens)]
     if not segments:
         return torch.zeros(0, len(layers) * target.config.hidden_size, dtype=target.dtype)
-    with prefill_weights(prefill):
-        return target.forward_segments(segments, cache, capture_layers=layers, logits_for="last").hidden
+    return target.forward_segments(segments, cache, capture_layers=layers, logits_for="last", prompt=prefill).hidden
 
 
 @torch.inference_mode()
@@ -89,7 +87,7 @@ def teacher_forced_rows(target: TargetModel, sequences: list[tuple[list[int], in
     cache = target.new_kv_cache(max(len(b) for b in batches) if batches else 1, longest)
     for batch in batches:
         # with the engine's Linear paths: the prompt prefilled (int4: through its bfloat16 copy,
-        # engine/quantized_linear.py), the response's positions after it through the decode kernels
+        # engine/cpu/quantized_linear.py), the response's positions after it through the decode kernels
         split = [min(sequences[i][1], len(sequences[i][0]) - 1) for i in batch]
         first = _hidden(target, cache, layers, [Segment(slot, 0, torch.tensor(sequences[i][0][:p]))
                                                 for slot, (i, p) in enumerate(zip(batch, split))], prefill=True)

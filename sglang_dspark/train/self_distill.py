@@ -21,7 +21,7 @@ import os
 import sys
 import time
 
-from sglang_dspark.engine.format_names import FORMAT_CHOICES
+from sglang_dspark.engine.cpu.names import FORMAT_CHOICES
 from sglang_dspark.train.sequence_store import SequenceWriter
 
 
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-budget-min", type=float, default=None,
                    help="stop starting new shards after this many minutes of this run (default: none)")
     p.add_argument("--dtype", default="int4", choices=FORMAT_CHOICES,
-                   help="the target's weight format (engine/weight_format.py): the served one (default: %(default)s)")
+                   help="the target's weight format (engine/cpu/formats.py): the served one (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=0, help="pool order and sampling seed (default: %(default)s)")
     return p

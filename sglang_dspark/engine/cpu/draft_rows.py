@@ -1,4 +1,4 @@
-"""The drafter's inference arithmetic on the package's CPU row kernels (kernels/cpu_rows.py).
+"""The drafter's inference arithmetic on the package's CPU row kernels (engine/cpu/cpu_rows.py).
 
 Why: a draft block is a one-layer model over gamma rows per request, and on a CPU its cost was
 dispatch, not arithmetic: through torch's ops a block of 7 is about 980 aten calls, a third of a
@@ -11,7 +11,7 @@ written to the cache positions the block occupies: no gathered copy of the conte
 
 What changes is the drafter's arithmetic, never the output's distribution: rejection sampling reads
 the probabilities the drafter sampled from, whatever computed them (docs/ALGORITHM.md). Built by
-engine/weight_format.py for int8 and int4, where the target runs these kernels too; elsewhere the
+engine/cpu/formats.py for int8 and int4, where the target runs these kernels too; elsewhere the
 drafter keeps torch's ops. `DSparkDrafter.draft` takes this path when every slot's cache ends at
 its anchor (the engine's case) and the block fits the attention kernel; anything else goes through
 the module's own forward.
@@ -24,37 +24,45 @@ from torch import nn
 
 from sglang_dspark.drafter.heads import VanillaMarkov
 from sglang_dspark.drafter.layers import rope_cos_sin
-from sglang_dspark.engine.quantized_linear import Int8Linear
+from sglang_dspark.engine.cpu.limits import fits_attention
+from sglang_dspark.engine.cpu.quantized_linear import Int8Linear
+from sglang_dspark.engine.cpu.row_layer import RowWeights, attend_rows, forward_rows, head_norm
 
-MAX_ROWS = 16  # rows_attention's exact rows per segment (engine/target_model.py EXACT_ROWS)
-MAX_GROUP, MAX_HEAD_DIM = 16, 256  # rows_attention's limits (cpu_rows.cpp)
 
-
-def _int8(*weights: torch.Tensor) -> Int8Linear:
+def _int8(ops, *weights: torch.Tensor) -> Int8Linear:
     """One Int8Linear over the rows of `weights` stacked (a fused projection; `q8_rows_mm` where the
     shape fits it, aten's int8 kernel where not)."""
     w = torch.cat([x.detach() for x in weights])
     linear = nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")
     linear.weight = nn.Parameter(w, requires_grad=False)
-    return Int8Linear(linear)
+    return Int8Linear(linear, ops)
+
+
+def _eps(norm: nn.RMSNorm, default: float) -> float:
+    return norm.eps if norm.eps is not None else default
 
 
 class _Layer:
-    def __init__(self, layer):
+    """A draft decoder layer's int8 copies: the block's RowWeights and the context side's K/V projection."""
+
+    def __init__(self, layer, ops, eps: float):
         attn, mlp = layer.self_attn, layer.mlp
-        self.heads, self.kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
-        self.input_norm, self.post_norm = layer.input_layernorm, layer.post_attention_layernorm
-        self.q_norm, self.k_norm = attn.q_norm, attn.k_norm
-        self.qkv = _int8(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
-        self.kv = _int8(attn.k_proj.weight, attn.v_proj.weight)  # the context side: no queries
-        self.o = _int8(attn.o_proj.weight)
-        self.gate_up = _int8(mlp.gate_proj.weight, mlp.up_proj.weight)
-        self.down = _int8(mlp.down_proj.weight)
+        self.kv_heads, self.head_dim = attn.num_kv_heads, attn.head_dim
+        self.k_norm, self.k_eps = attn.k_norm.weight, _eps(attn.k_norm, eps)
+        self.kv = _int8(ops, attn.k_proj.weight, attn.v_proj.weight)  # the context side: no queries
+        self.rows = RowWeights(
+            qkv=_int8(ops, attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight), o=_int8(ops, attn.o_proj.weight),
+            gate_up=_int8(ops, mlp.gate_proj.weight, mlp.up_proj.weight), down=_int8(ops, mlp.down_proj.weight),
+            attn_norm=layer.input_layernorm.weight, attn_eps=_eps(layer.input_layernorm, eps),
+            mlp_norm=layer.post_attention_layernorm.weight, mlp_eps=_eps(layer.post_attention_layernorm, eps),
+            q_norm=attn.q_norm.weight, k_norm=attn.k_norm.weight, qk_eps=_eps(attn.q_norm, eps),
+            heads=attn.num_heads, kv_heads=attn.num_kv_heads, head_dim=attn.head_dim)
 
 
 class DraftRows:
     """A drafter's weights repacked for the row kernels, and its three inference passes. The Linear,
-    Markov W1 and confidence weights are copies taken at construction (norm weights are read live):
+    Markov W1 and confidence weights are copies taken at construction (norm weights are the modules' own
+tensors):
     load new weights into a drafter before building its DraftRows, not after. Context
     flushes of any size take the row kernels too: the modules' bfloat16 GEMM is faster for many warm
     rows, but oneDNN builds a kernel for every new row count, and a flush's count is new almost
@@ -64,9 +72,8 @@ class DraftRows:
     def fits(drafter) -> bool:
         """Whether the row kernels can run this drafter (bfloat16 activations, attention limits)."""
         cfg = drafter.config
-        return (drafter.dtype == torch.bfloat16 and drafter.gamma <= MAX_ROWS and cfg.head_dim <= MAX_HEAD_DIM
-                and cfg.head_dim % 2 == 0 and cfg.num_attention_heads % cfg.num_key_value_heads == 0
-                and cfg.num_attention_heads // cfg.num_key_value_heads <= MAX_GROUP)
+        return drafter.dtype == torch.bfloat16 and fits_attention(cfg.num_attention_heads, cfg.num_key_value_heads,
+                                                                  cfg.head_dim, rows=drafter.gamma)
 
     @torch.no_grad()
     def __init__(self, drafter, ops):
@@ -75,8 +82,9 @@ class DraftRows:
         cfg = drafter.config
         self.ops = ops
         self.eps = cfg.rms_norm_eps
-        self.fc, self.hidden_norm, self.norm = _int8(drafter.fc.weight), drafter.hidden_norm, drafter.norm
-        self.layers = [_Layer(layer) for layer in drafter.layers]
+        self.fc, self.hidden_norm, self.norm = _int8(ops, drafter.fc.weight), drafter.hidden_norm, drafter.norm
+        self.embed_weight = drafter.embed_weight
+        self.layers = [_Layer(layer, ops, self.eps) for layer in drafter.layers]
         self.head_dim, self.rope_theta = cfg.head_dim, cfg.rope_theta
         self._rope_tables(cfg.max_position_embeddings)
         self.scale = cfg.head_dim ** -0.5
@@ -92,7 +100,7 @@ class DraftRows:
     def vocab_changed(self, drafter) -> None:
         """Repack the vocabulary-sized rows (lm_head, Markov W2) for the drafter's current draft vocabulary."""
         lm_head = drafter.lm_head_weight if drafter.draft_vocab is None else drafter._vocab_lm_head
-        self.lm_head = _int8(lm_head)
+        self.lm_head = _int8(self.ops, lm_head)
         head = drafter.markov_head
         # the Markov bias in float32 from the bfloat16 weights, the same arithmetic in the per-position
         # loop (markov_bias) and in the greedy chain (markov_argmax_chain)
@@ -113,15 +121,27 @@ class DraftRows:
         if self.cos.shape[0] < kv.shape[-2]:
             self._rope_tables(kv.shape[-2])
 
-    def _eps(self, norm: nn.RMSNorm) -> float:
-        return norm.eps if norm.eps is not None else self.eps
-
     def _rmsnorm(self, x: torch.Tensor, norm: nn.RMSNorm) -> torch.Tensor:
-        return self.ops.rows_rmsnorm(x.contiguous(), norm.weight, self._eps(norm))
+        return self.ops.rows_rmsnorm(x.contiguous(), norm.weight, _eps(norm, self.eps))
 
-    def _head_norm(self, x: torch.Tensor, norm: nn.RMSNorm, heads: int, head_dim: int) -> torch.Tensor:
-        """Per-head RMSNorm of x [T, heads * head_dim] (q_norm / k_norm)."""
-        return self._rmsnorm(x.reshape(-1, head_dim), norm).view(-1, heads * head_dim)
+    def accepts(self, kv: torch.Tensor) -> bool:
+        """The kernels read and write bfloat16 K/V."""
+        return kv.dtype == torch.bfloat16
+
+    @torch.no_grad()
+    def block_hidden(self, cache, slot_index: torch.Tensor, anchor_pos: torch.Tensor, block_ids: torch.Tensor,
+                     pos: torch.Tensor) -> torch.Tensor | None:
+        """The blocks' final hidden [R, G, H]; each row attends to its slot's first anchor + gamma keys
+        (no gather, no mask). The block's K/V is written to the cache positions it occupies, so only
+        where every slot's context ends at its anchor (the engine's case) and the block fits the
+        cache; None elsewhere (the modules draft)."""
+        r, g = block_ids.shape
+        if not all(cache.length(slot) == p and p + g <= cache.max_len
+                   for slot, p in zip(slot_index.tolist(), anchor_pos.tolist())):
+            return None
+        x = torch.nn.functional.embedding(block_ids.view(-1), self.embed_weight).to(torch.bfloat16)
+        keys = (anchor_pos + g).repeat_interleave(g)
+        return self.backbone(cache.kv, x, pos.reshape(-1), slot_index.repeat_interleave(g), keys).view(r, g, -1)
 
     @torch.no_grad()
     def store_context(self, kv: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
@@ -135,7 +155,7 @@ class DraftRows:
         for i, layer in enumerate(self.layers):
             kv_rows = layer.kv(ctx)
             width = layer.kv_heads * layer.head_dim
-            k = self._head_norm(kv_rows[:, :width], layer.k_norm, layer.kv_heads, layer.head_dim)
+            k = head_norm(self.ops, kv_rows[:, :width], layer.k_norm, layer.k_eps, layer.kv_heads, layer.head_dim)
             rows = torch.cat([k, kv_rows[:, width:]], dim=1)
             self.ops.rows_rope_store(rows, self.cos, self.sin, positions, slots, kv[i], 0, layer.kv_heads)
 
@@ -147,18 +167,11 @@ class DraftRows:
         positions first (DSparkDrafter.backbone's arithmetic)."""
         self._cover(kv)
         positions, slots, keys = positions.contiguous(), slots.contiguous(), keys.contiguous()
+        x = x.contiguous()
         for i, layer in enumerate(self.layers):
-            h = self._rmsnorm(x, layer.input_norm)
-            qkv = layer.qkv(h)
-            q_width, kv_width = layer.heads * layer.head_dim, layer.kv_heads * layer.head_dim
-            q = self._head_norm(qkv[:, :q_width], layer.q_norm, layer.heads, layer.head_dim)
-            k = self._head_norm(qkv[:, q_width : q_width + kv_width], layer.k_norm, layer.kv_heads, layer.head_dim)
-            rows = torch.cat([q, k, qkv[:, q_width + kv_width :]], dim=1)
-            q = self.ops.rows_rope_store(rows, self.cos, self.sin, positions, slots, kv[i], layer.heads, layer.kv_heads)
-            attn = self.ops.rows_attention(q, kv[i], slots, keys, self.scale)
-            x, h = self.ops.rows_add_rmsnorm(x.contiguous(), layer.o(attn), layer.post_norm.weight,
-                                             self._eps(layer.post_norm))
-            x = x + layer.down(self.ops.rows_silu_mul(layer.gate_up(h)))
+            layer_kv = kv[i]
+            x = forward_rows(self.ops, layer.rows, x, layer_kv, self.cos, self.sin, positions, slots,
+                             lambda q: attend_rows(self.ops, q, layer_kv, slots, keys, self.scale))
         return self._rmsnorm(x, self.norm)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -29,9 +29,6 @@ import functools
 import hashlib
 import logging
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from pathlib import Path
 
 import torch
@@ -91,23 +88,10 @@ def _build() -> tuple[object | None, str]:
     return getattr(torch.ops, LIBRARY), f"built {SOURCE.name} (AVX-512 BF16 + VNNI)"
 
 
-_DISABLED = ContextVar("cpu_rows_disabled", default=False)
-
-
-@contextmanager
-def disabled() -> Iterator[None]:
-    """Inside, `ops()` is None: layers and models built here keep aten's kernels (the side-by-side
-    benchmarks, the fallback's tests)."""
-    token = _DISABLED.set(True)
-    try:
-        yield
-    finally:
-        _DISABLED.reset(token)
-
-
 def ops():
-    """torch.ops.dspark_cpu_rows (the kernels above), or None where unavailable."""
-    return None if _DISABLED.get() else _load()[0]
+    """torch.ops.dspark_cpu_rows (the kernels above), or None where unavailable. Whether a model uses
+    them is its weight format's decision (engine/cpu/formats.py `WeightFormat.kernels`)."""
+    return _load()[0]
 
 
 def status() -> str:

@@ -8,7 +8,7 @@ DSpark's scheduler is built for (benchmarks/target_forward.py; figures in benchm
 "Weight formats").
 
 Formats:
-- `float32`: the checkpoint's values; Linear weights in two layouts (engine/weight_layout.py).
+- `float32`: the checkpoint's values; Linear weights in two layouts (engine/cpu/weight_layout.py).
 - `bfloat16`: weights, activations and the KV cache in bfloat16, logits in float32; the same
   arithmetic as transformers loaded with `dtype=torch.bfloat16`.
 - `int8`: int8 weights with one float scale per output row (symmetric, round to nearest); half the
@@ -16,9 +16,9 @@ Formats:
   verifies against it.
 - `int4`: the decoder layers' weights in 4-bit groups of 32 with a scale and minimum each (GGUF's
   Q4_1 block); the lm_head (the tied embedding, which GGUF keeps at 8 bits) in int8. For a
-  checkpoint converted from a Q4_1 GGUF these are the GGUF's own integers (engine/quantized_linear.py).
+  checkpoint converted from a Q4_1 GGUF these are the GGUF's own integers (engine/cpu/quantized_linear.py).
   Where the CPU has AVX-512 BF16 + VNNI both quantized formats run the engine's own row kernels
-  (kernels/cpu_rows.py): rows quantized to int8 per block of 32 and VNNI dot products (the class
+  (engine/cpu/cpu_rows.py): rows quantized to int8 per block of 32 and VNNI dot products (the class
   of arithmetic llama.cpp's CPU backend uses for Q4_1), one attention call for every decode and
   verify row, and fused norms, RoPE and SiLU; elsewhere aten's weight-only kernels with bfloat16
   rows and SDPA.
@@ -30,8 +30,10 @@ Formats:
   model's own weight shapes), else float32. Never int8, nor int4 for weights trained in floating
   point: those change the model's outputs.
 
-Everything else in the engine reads the activation dtype from the model (`model_dtype`), so no
-format-specific branch lives outside this file.
+A format is decided once into a `WeightFormat` (the capability object: its activation dtype, the row
+kernels it runs or None, how far its rounding may move a logit), which prepares the target and the
+drafter and which the rest of the package asks instead of naming a format: no format- or
+kernel-specific branch lives outside engine/cpu/ (tests/test_architecture.py).
 """
 
 from __future__ import annotations
@@ -39,17 +41,21 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sglang_dspark.engine.draft_rows import DraftRows
-from sglang_dspark.engine.format_names import WEIGHT_FORMATS
-from sglang_dspark.engine.one_row_gemv import one_row, pack_one_row_gemv
-from sglang_dspark.engine.quantized_linear import Int4Linear, Int8Linear, int4_fits_shape, int4_grid_share, quantize_linears
-from sglang_dspark.engine.weight_layout import pack_drafter_for_cpu, pack_linears_for_cpu
-from sglang_dspark.kernels import cpu_rows
+from sglang_dspark.engine.cpu import cpu_rows
+from sglang_dspark.engine.cpu.draft_rows import DraftRows
+from sglang_dspark.engine.cpu.limits import fits_attention
+from sglang_dspark.engine.cpu.names import WEIGHT_FORMATS
+from sglang_dspark.engine.cpu.one_row_gemv import one_row, pack_one_row_gemv, tune_one_row_kernels
+from sglang_dspark.engine.cpu.quantized_linear import Int4Linear, Int8Linear, int4_fits_shape, int4_grid_share, quantize_linears
+from sglang_dspark.engine.cpu.row_layer import RowWeights
+from sglang_dspark.engine.cpu.timing import interleaved
+from sglang_dspark.engine.cpu.weight_layout import pack_drafter_for_cpu, pack_linears_for_cpu, tune_layouts
 
 logger = logging.getLogger(__name__)
 
@@ -57,10 +63,99 @@ logger = logging.getLogger(__name__)
 AUTO_MIN_SPEEDUP = 1.2
 # ... and on a CPU with bfloat16 dot-product instructions (AVX512_BF16, AMX) auto takes bfloat16 (int4
 # for a 4-bit checkpoint) without timing: bfloat16 halves the bytes a step streams and computes
-# natively, and every idle measurement found it faster (an Intel Xeon with AMX 1.03-1.10x at 1 row and 1.77x at 8, a 2-core AMD EPYC 1.5-2.7x), while
-# a timing at start measures the neighbours too: four servers starting at once on the AMD EPYC timed
-# bfloat16 at 0.41x and 0.86x at one row in two of them, which took float32 and decoded 1.6x slower
+# natively, and every idle measurement found it faster, while a timing at start measures the
+# neighbours too (four servers starting at once once timed bfloat16 slower than float32 in two of
+# them, which then served float32: benchmarks/RESULTS_LOG.md, "Weight formats")
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+# bfloat16 ulps at a logit within which the canary counts a replay's first different token as a near
+# tie of the format's rounding (engine/canary.py); float32 keeps the checkpoint's arithmetic: none
+NEAR_TIE_ULPS = 4.0
+QUANTIZED = ("int8", "int4")
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """One model's weight format, decided once (`WeightFormat.of`): what the engine outside this wing
+    may ask of it."""
+
+    name: str
+    kernels: object | None = None  # torch.ops of cpu_rows.cpp where this format runs them, else None
+
+    @classmethod
+    def of(cls, name: "str | WeightFormat", *, row_kernels: bool = True) -> "WeightFormat":
+        """The format `name`; int8 and int4 take the row kernels where they run (`row_kernels=False`:
+        aten's kernels and SDPA, as on a CPU without them; the side-by-side benchmarks use it)."""
+        if isinstance(name, WeightFormat):
+            return name
+        _check(name)
+        return cls(name, cpu_rows.ops() if row_kernels and name in QUANTIZED else None)
+
+    @classmethod
+    def running_in(cls, dtype: torch.dtype) -> "WeightFormat":
+        """The unquantized format whose activations are `dtype` (a transformers model's)."""
+        return cls.of("bfloat16" if dtype == torch.bfloat16 else "float32")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of activations, norms, embeddings and the KV cache."""
+        return activation_dtype(self.name)
+
+    @property
+    def quantized(self) -> bool:
+        """Weights changed from the checkpoint's values: served against themselves, so no
+        transformers model computes the same arithmetic."""
+        return self.name in QUANTIZED
+
+    @property
+    def near_tie_ulps(self) -> float | None:
+        """How far (bfloat16 ulps at the logit) this format's rounding may move a greedy choice."""
+        return None if self.name == "float32" else NEAR_TIE_ULPS
+
+    @torch.no_grad()
+    def prepare_target(self, model: nn.Module) -> None:
+        """Put a target model (loaded in `self.dtype`) into this format."""
+        if self.name == "float32":
+            pack_linears_for_cpu(model)  # float32's fast CPU GEMM layout per row count
+        elif self.name == "bfloat16":
+            # oneDNN's row-major path, and at one row torch.mv where tuned faster (engine/cpu/one_row_gemv.py);
+            # attention stays SDPA's, as transformers calls it, so greedy output equals transformers'
+            pack_one_row_gemv(model)
+        else:  # served against themselves, so the row kernel's own rounding is theirs
+            if self.name == "int4":
+                model.lm_head = Int8Linear(model.lm_head, self.kernels)  # GGUF's Q4_1 files keep the (tied) embedding at 8 bits
+            quantize_linears(model, Int4Linear if self.name == "int4" else Int8Linear, self.kernels)
+            layer = model.layers[0]
+            if self.kernels is not None and fits_attention(layer.num_heads, layer.num_kv_heads, layer.head_dim):
+                model.row_kernels = self.kernels
+                for layer in model.layers:
+                    layer.row_weights = RowWeights.of_target_layer(layer)
+        model.fmt = self
+
+    @torch.no_grad()
+    def prepare_drafter(self, drafter: nn.Module) -> None:
+        """Put a drafter (loaded in `self.dtype`) into this format. Where the target runs the row
+        kernels, drafting runs them too (engine/cpu/draft_rows.py: int8 copies of its Linear layers,
+        the module's own weights kept for any other use); elsewhere it stays in the activation dtype."""
+        if self.name == "float32":
+            pack_drafter_for_cpu(drafter)
+        else:
+            pack_one_row_gemv(drafter)  # its per-position Markov layers run one row at C = 1
+        if self.kernels is not None and DraftRows.fits(drafter):
+            drafter.rows = DraftRows(drafter, self.kernels)
+
+    def tune(self, models: list[nn.Module]) -> None:
+        """Time this host's choices for the models' CPU weights: float32's layouts per row count,
+        bfloat16's one-row kernel (call after setting torch's thread count, which changes the answers)."""
+        tune_layouts(models)
+        tune_one_row_kernels(models)
+
+    def describe(self, model: nn.Module) -> str:
+        """What runs a prepared target's decode and verify rows, for the load log."""
+        if not self.quantized:
+            return f"{self.name}: torch's ops"
+        linears = sorted({m.kernel for m in model.modules() if hasattr(m, "kernel")})
+        rows = "the row kernels" if getattr(model, "row_kernels", None) is not None else "torch's ops, SDPA"
+        return f"{self.name} decode and verify rows: {', '.join(linears)}; norms, RoPE, attention: {rows} ({cpu_rows.status()})"
 
 
 def native_bf16_flags(cpuinfo: str = "/proc/cpuinfo") -> list[str]:
@@ -88,50 +183,6 @@ def _check(fmt: str) -> None:
         raise ValueError(f"weight format {fmt!r}: expected one of {', '.join(WEIGHT_FORMATS)}")
 
 
-@torch.no_grad()
-def apply_to_target(model: nn.Module, fmt: str) -> None:
-    """Put a target model (loaded in `activation_dtype(fmt)`) into format `fmt`."""
-    _check(fmt)
-    if fmt == "float32":
-        pack_linears_for_cpu(model)  # float32's fast CPU GEMM layout per row count
-    if fmt == "int8":
-        quantize_linears(model, Int8Linear)
-    elif fmt == "int4":
-        model.lm_head = Int8Linear(model.lm_head)  # GGUF's Q4_1 files keep the (tied) embedding at 8 bits
-        quantize_linears(model, Int4Linear)
-    if fmt in ("int8", "int4"):  # served against themselves, so the row kernel's own rounding is theirs
-        model.row_kernels = _row_kernels(model.layers[0])
-    elif fmt == "bfloat16":
-        # oneDNN's row-major path, and at one row torch.mv where tuned faster (engine/one_row_gemv.py);
-        # attention stays SDPA's, as transformers calls it, so greedy output equals transformers'
-        pack_one_row_gemv(model)
-
-
-def _row_kernels(layer: nn.Module):
-    """kernels/cpu_rows.py's ops where they run and fit the model's heads (a decoder layer's), else
-    None (torch's ops, SDPA)."""
-    ops = cpu_rows.ops()
-    if ops is None or layer.head_dim > 256 or layer.num_heads // layer.num_kv_heads > 16:
-        return None
-    return ops
-
-
-@torch.no_grad()
-def apply_to_drafter(drafter: nn.Module, fmt: str) -> None:
-    """Put a drafter (loaded in `activation_dtype(fmt)`) into format `fmt`. Under int8 and int4, where
-    the target runs the row kernels, drafting runs them too (engine/draft_rows.py: int8 copies of its
-    Linear layers, the module's own weights kept for any other use); elsewhere it stays in the
-    activation dtype."""
-    _check(fmt)
-    if fmt == "float32":
-        pack_drafter_for_cpu(drafter)
-    else:
-        pack_one_row_gemv(drafter)  # its per-position Markov layers run one row at C = 1
-    ops = cpu_rows.ops() if fmt in ("int8", "int4") else None
-    if ops is not None and DraftRows.fits(drafter):
-        drafter.rows = DraftRows(drafter, ops)
-
-
 # a checkpoint counts as Q4_1 when this share of every sampled weight's groups is on the grid
 # (a de-quantized GGUF: all of them; weights trained in floating point: about none)
 INT4_GRID_MIN_SHARE = 0.99
@@ -154,7 +205,7 @@ def checkpoint_int4_grid(weights: dict[str, torch.Tensor], shapes: dict[str, tup
 def _time_stack(weights: list[torch.Tensor], rows: int, dtype: torch.dtype) -> float:
     x = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=dtype) for w in weights}
     kernels = [F.linear]
-    if rows == 1 and dtype == torch.bfloat16:  # the engine may serve one row by torch.mv (engine/one_row_gemv.py)
+    if rows == 1 and dtype == torch.bfloat16:  # the engine may serve one row by torch.mv (engine/cpu/one_row_gemv.py)
         kernels.append(lambda x, w: one_row(x[0], w, None))
     best = float("inf")
     for kernel in kernels:
@@ -186,12 +237,8 @@ def choose_auto(weights: list[torch.Tensor], *, reps: int = 5,
     bf16 = [w.to(torch.bfloat16) for w in weights]
     ratios = []
     for rows in (1, 8):
-        times = {"float32": [], "bfloat16": []}
-        for i in range(reps + 1):
-            for name, ws, dt in (("float32", weights, torch.float32), ("bfloat16", bf16, torch.bfloat16)):
-                seconds = timer(ws, rows, dt)
-                if i:  # the first round warms both up
-                    times[name].append(seconds)
+        times = interleaved({"float32": lambda: timer(weights, rows, torch.float32),
+                             "bfloat16": lambda: timer(bf16, rows, torch.bfloat16)}, reps)
         ratios.append(min(times["float32"]) / min(times["bfloat16"]))
     fmt = "bfloat16" if all(r >= AUTO_MIN_SPEEDUP for r in ratios) else "float32"
     return fmt, (f"bfloat16 Linear layers timed {ratios[0]:.2f}x (1 row) and {ratios[1]:.2f}x (8 rows) float32's "

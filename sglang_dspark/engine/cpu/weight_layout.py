@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang_dspark.engine.cpu.timing import interleaved
+
 
 def input_major(weight: torch.Tensor) -> torch.Tensor:
     """The same [out, in] values, stored so that weight.T is contiguous (a no-op if already so)."""
@@ -110,12 +112,8 @@ def tune_layouts(modules: Iterable[nn.Module], *, max_rows: int = TUNED_ROWS, re
         row_major = set()
         for rows in range(1, max_rows + 1):
             x = torch.randn(rows, inn, dtype=dtype)
-            times = {"row": [], "input": []}
-            for i in range(reps + 1):
-                for name, weight in (("row", sample.row_major_weight), ("input", sample.weight)):
-                    seconds = timer(x, weight)
-                    if i:  # the first round warms both up
-                        times[name].append(seconds)
+            times = interleaved({"row": lambda: timer(x, sample.row_major_weight),
+                                 "input": lambda: timer(x, sample.weight)}, reps)
             if statistics.median(times["row"]) < statistics.median(times["input"]):
                 row_major.add(rows)
         for linear in linears:

@@ -7,7 +7,7 @@
   min-max quantization recovers the GGUF's own integers.
 
 Two kernel paths, chosen per layer at construction (`kernel` names it):
-- The engine's own (kernels/cpu_rows.py), where the CPU has AVX-512 BF16 + VNNI: the rows are
+- The engine's own (engine/cpu/cpu_rows.py), where the CPU has AVX-512 BF16 + VNNI: the rows are
   quantized to int8 per block of 32 (llama.cpp's Q8_1) and multiplied by VNNI integer dot
   products, the weights streaming from memory once per call whatever the row count; int4 keeps the
   scale and minimum in float16, as the GGUF does. This is the class of arithmetic llama.cpp's CPU
@@ -26,9 +26,9 @@ block's rows equal to the one-row decodes they replace.
 Both int4 kernels are GEMVs at heart: for a prompt's many rows oneDNN's bfloat16 GEMM over the same
 values is faster (2.75x aten's kernel at 1,024 rows on a 2-core AMD EPYC, benchmarks/int4_prefill.py),
 so an `Int4Linear` keeps its weight de-quantized in bfloat16 too (the grid the kernel reads, rounded
-once) and uses it inside `prefill_weights()`, which the engine enters for prompt chunks only.
-Decode and verify rows always go through the kernel, so they do not depend on what shares their
-call. Prompt rows always go through the copy, one call per chunk (a one-row chunk as two rows: on a
+once) and multiplies a prompt chunk's rows by it (`prompt_rows`, which the target's layers call for
+prompt chunks only). Decode and verify rows always go through the kernel (`forward`), so they do not
+depend on what shares their call. Prompt rows always go through the copy, one call per chunk (a one-row chunk as two rows: on a
 2-core AMD EPYC oneDNN's one-row path rounded down_proj rows apart from 2+ rows, which all agreed).
 On an Intel Xeon with AMX oneDNN rounded rows apart at most row counts below 256, so there a prompt
 row's bits depend on the chunk it was prefilled in, as they do anyway through the masked attention
@@ -41,30 +41,12 @@ never reads.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sglang_dspark.kernels import cpu_rows
-
-# set by the engine around a prefill forward (per thread: the engine's own). Every prompt row then
-# takes the copy whatever its chunk's size, never a mix of copy and kernel by size (a short chunk
-# pays: at 8 rows the kernel is faster, benchmarks/int4_prefill.py)
-_PREFILL = ContextVar("int4_prefill_weights", default=False)
-
-
-@contextmanager
-def prefill_weights(enabled: bool = True) -> Iterator[None]:
-    """Inside: `Int4Linear` layers multiply by their bfloat16 copy (oneDNN's GEMM), for prompt chunks."""
-    token = _PREFILL.set(enabled)
-    try:
-        yield
-    finally:
-        _PREFILL.reset(token)
+from sglang_dspark.engine.cpu import cpu_rows
+from sglang_dspark.engine.cpu.limits import fits_linear
 
 INT4_GROUP = 32  # Q4_1's block size
 ATEN_INT8_K_MULTIPLE = 16  # in_features aten._weight_int8pack_mm reads safely (Int8Linear)
@@ -90,7 +72,15 @@ class _WeightOnlyLinear(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self._mm(x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous())  # the kernels refuse strided rows
+        """Decode and verify rows: each row on its own, whatever shares the call."""
+        return self._apply(self._mm, x)
+
+    def prompt_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """A prompt chunk's rows (the same as `forward` unless a format keeps a faster copy for many rows)."""
+        return self.forward(x)
+
+    def _apply(self, mm, x: torch.Tensor) -> torch.Tensor:
+        out = mm(x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous())  # the kernels refuse strided rows
         if self.bias is not None:
             out = out + self.bias
         return out.view(*x.shape[:-1], self.out_features)
@@ -98,18 +88,17 @@ class _WeightOnlyLinear(nn.Module):
 
 class Int8Linear(_WeightOnlyLinear):
     """y = x W^T + b with W stored as int8 [out, in] and one scale per output row. Rows go through
-    the engine's own Q8 x Q8 kernel where it runs and the shape fits it (kernels/cpu_rows.py: rows
-    quantized to int8 per block of 32, as llama.cpp does), else through aten's int8 kernel (bfloat16
-    rows). `kernel` names the one this layer took."""
+    the engine's own Q8 x Q8 kernel where `ops` (cpu_rows.ops(), or None) is given and the shape fits
+    it (rows quantized to int8 per block of 32, as llama.cpp does), else through aten's int8 kernel
+    (bfloat16 rows). `kernel` names the one this layer took."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, ops=None):
         super().__init__(linear)
         w = linear.weight.detach().float()
         scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0
         q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
         self.register_buffer("scales", scale.to(torch.bfloat16))
-        # the row kernel's shapes are int4's: in % 32 (its int8 row blocks), out % 16
-        self._ops = cpu_rows.ops() if int4_fits_shape(self.out_features, self.in_features) else None
+        self._ops = ops if fits_linear(self.out_features, self.in_features) else None
         if self._ops is not None:
             self.kernel = "q8_rows_mm"
             self.register_buffer("weight_q8", cpu_rows.pack_q8(q))
@@ -182,18 +171,19 @@ def int4_fits(linear: nn.Linear) -> bool:
 
 class Int4Linear(_WeightOnlyLinear):
     """y = x W^T + b with W stored as 4-bit groups of 32 (scale and minimum per group). Decode and
-    verify rows go through the engine's own Q4_1 x Q8_1 kernel where it runs (kernels/cpu_rows.py:
-    the rows are quantized to int8 per block of 32, as llama.cpp does; weights stream once per call
-    whatever the rows), else through aten's int4 kernel (bfloat16 rows; its scale and zero in
-    bfloat16). `kernel` names the one this layer took."""
+    verify rows go through the engine's own Q4_1 x Q8_1 kernel where `ops` (cpu_rows.ops(), or None)
+    is given (the rows are quantized to int8 per block of 32, as llama.cpp does; weights stream once
+    per call whatever the rows), else through aten's int4 kernel (bfloat16 rows; its scale and zero in
+    bfloat16). Prompt rows multiply the bfloat16 copy (`prompt_rows`). `kernel` names the kernel
+    decode rows take."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, ops=None):
         if not int4_fits(linear):
             raise ValueError(f"int4 needs in_features % {INT4_GROUP} == 0 and out_features % {_INT4_N_MULTIPLE} == 0, "
                              f"got {linear.in_features} -> {linear.out_features}")
         super().__init__(linear)
         q, scale, lo = int4_groups(linear.weight.detach())
-        self._ops = cpu_rows.ops()
+        self._ops = ops
         if self._ops is not None:
             self.kernel = "q4_rows_mm"
             qweight, scale_min = cpu_rows.pack_q4(q, scale, lo)
@@ -214,11 +204,17 @@ class Int4Linear(_WeightOnlyLinear):
             grid = (q.view(q.shape[0], -1, INT4_GROUP).float() - _INT4_OFFSET) * sz[..., :1] + sz[..., 1:]
         self.register_buffer("weight_bf16", grid.view_as(q).to(torch.bfloat16), persistent=False)
 
+    def prompt_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """Every prompt row through the copy whatever its chunk's size, never a mix of copy and kernel
+        by size (a short chunk pays: at 8 rows the kernel is faster, benchmarks/int4_prefill.py)."""
+        return self._apply(self._copy_mm, x)
+
+    def _copy_mm(self, rows: torch.Tensor) -> torch.Tensor:
+        if rows.shape[0] == 1:  # oneDNN's one-row path rounds some rows apart from 2+ rows (down_proj's shape)
+            return F.linear(rows.expand(2, -1), self.weight_bf16)[:1]
+        return F.linear(rows, self.weight_bf16)
+
     def _mm(self, rows: torch.Tensor) -> torch.Tensor:
-        if _PREFILL.get():
-            if rows.shape[0] == 1:  # oneDNN's one-row path rounds some rows apart from 2+ rows (down_proj's shape)
-                return F.linear(rows.expand(2, -1), self.weight_bf16)[:1]
-            return F.linear(rows, self.weight_bf16)
         if self._ops is not None:
             return self._ops.q4_rows_mm(rows, self.weight_q4, self.scale_min)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.weight_int4, INT4_GROUP, self.scales_and_zeros)
@@ -231,12 +227,12 @@ class Int4Linear(_WeightOnlyLinear):
 
 
 @torch.no_grad()
-def quantize_linears(module: nn.Module, kind: type[nn.Module]) -> int:
-    """Replace every plain nn.Linear of `module` by `kind(linear)` (Int4Linear falls back to
+def quantize_linears(module: nn.Module, kind: type[nn.Module], ops=None) -> int:
+    """Replace every plain nn.Linear of `module` by `kind(linear, ops)` (Int4Linear falls back to
     Int8Linear where the shape does not fit its kernel); returns how many."""
     targets = [(parent, name, child) for parent in module.modules() for name, child in parent.named_children()
                if type(child) is nn.Linear]
     for parent, name, child in targets:
         layer_kind = Int8Linear if kind is Int4Linear and not int4_fits(child) else kind
-        setattr(parent, name, layer_kind(child))
+        setattr(parent, name, layer_kind(child, ops))
     return len(targets)

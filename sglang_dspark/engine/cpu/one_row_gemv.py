@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang_dspark.engine.cpu.timing import interleaved
+
 logger = logging.getLogger(__name__)
 
 
@@ -114,12 +116,7 @@ def tune_one_row_kernels(modules: Iterable[nn.Module], *, reps: int = 5,
             use = invariant[True]
         else:
             x = torch.randn(inn).to(dtype)
-            times = {False: [], True: []}
-            for i in range(reps + 1):
-                for gemv in (False, True):
-                    seconds = timer(linears, x, gemv)
-                    if i:
-                        times[gemv].append(seconds)
+            times = interleaved({gemv: (lambda gemv=gemv: timer(linears, x, gemv)) for gemv in (False, True)}, reps)
             use = statistics.median(times[True]) < statistics.median(times[False])
             if not invariant[False]:
                 logger.warning("bfloat16 %dx%d: no one-row kernel gives the bits of a multi-row block on this "

@@ -1,1 +1,0 @@
-"""The reference engine's own CPU kernels (C++ built at first use; see cpu_rows.py)."""

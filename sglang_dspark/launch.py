@@ -84,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests that may wait for a slot (SGLang's flag); beyond it a request gets HTTP 429, and a "
                         "request whose n choices could never all be held gets a 400 (default: 8 per slot on the "
                         "reference engine; unbounded on SGLang)")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="reference engine: torch threads its steps run on (default: torch's own, one per CPU this "
+                        "process may use, or OMP_NUM_THREADS); /server_info `threads` and the launch log say which "
+                        "and what set it")
     p.add_argument("--seed", type=int, default=0, help="random seed of the engine")
     p.add_argument("--served-model-name", metavar="NAME",
                    help="name clients pass as `model` (default: the zoo name, or the model directory's base name)")
@@ -233,14 +237,14 @@ def _check_ranges(args) -> None:
     for flag, value, ok in checks:
         if not ok:
             raise LaunchError(f"{flag} {value}: out of range")
-    for flag, value in (("--max-running", args.max_running), ("--max-len", args.max_len)):
+    for flag, value in (("--max-running", args.max_running), ("--max-len", args.max_len), ("--threads", args.threads)):
         if value is not None and value < 1:
             raise LaunchError(f"{flag} {value}: must be >= 1")
     if args.max_queued_requests is not None and args.max_queued_requests < 0:
         raise LaunchError(f"--max-queued-requests {args.max_queued_requests}: must be >= 0")
 
 
-REFERENCE_ONLY = ("drain_timeout", "canary_share", "canary_dir", "dtype")
+REFERENCE_ONLY = ("drain_timeout", "canary_share", "canary_dir", "dtype", "threads")
 SGLANG_ONLY = ("tp", "dp", "nnodes", "node_rank", "dist_init_addr", "profile_capture", "export_dir")
 
 
@@ -258,11 +262,18 @@ def _weight_format(args, engine: str, model: str) -> str | None:
     (`auto` is resolved here, once); None for SGLang, and for `auto` in a dry run (nothing is read or timed)."""
     if engine != "reference" or (args.dry_run and args.dtype == "auto"):
         return None
+    import torch
+
     from sglang_dspark.engine.async_engine import off_the_main_thread
     from sglang_dspark.engine.factory import resolve_weight_format
 
     # timed off the main thread, so that only the engine thread's OpenMP pool stays (async_engine.py)
-    weight_format, why = off_the_main_thread(lambda: resolve_weight_format(args.dtype, model))
+    def resolve():
+        if args.threads is not None:  # timed on the thread count the engine will run on
+            torch.set_num_threads(args.threads)
+        return resolve_weight_format(args.dtype, model)
+
+    weight_format, why = off_the_main_thread(resolve)
     logger.info("weight format: %s (%s)", weight_format, why)
     return weight_format
 
@@ -425,6 +436,7 @@ def _launch_reference(args, model, draft, profile, name) -> int:
     from sglang_dspark.engine.async_engine import AsyncEngine
     from sglang_dspark.engine.engine import EngineConfig
     from sglang_dspark.engine.factory import build_engine
+    from sglang_dspark.engine.threads import set_engine_threads
     from sglang_dspark.server import create_app, serve
     from sglang_dspark.server.runner import READY_PREFIX
 
@@ -436,11 +448,12 @@ def _launch_reference(args, model, draft, profile, name) -> int:
     identity = _identity(model, draft, args.weight_format)
 
     def build():  # on the engine thread, which then runs it (AsyncEngine.built_on_its_thread)
+        threads = set_engine_threads(args.threads)  # before its first torch op: its OpenMP team is named
         return build_engine(model, draft, config=config, model_name=name,
                             sps=profile.profile.sps_table() if profile is not None else None,
                             sts=profile.profile.sts_temperatures() if profile is not None else None,
                             sps_seeded=profile is not None and profile.seed_only,
-                            identity=identity, weight_format=args.weight_format)
+                            identity=identity, weight_format=args.weight_format, threads=threads)
 
     try:
         client = AsyncEngine.built_on_its_thread(build)

@@ -19,6 +19,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +89,20 @@ def fetch(name: str, out_dir: str | os.PathLike) -> bool:
 
 
 def _convert(name: str, out: Path) -> None:
+    """Convert in a child process: torch work on a server's main thread leaves that thread an OpenMP
+    team for the process's life, and with two teams on the cores GNU OpenMP throttles its workers'
+    spinning, so every decode step of the engine thread paid for it (docs/SERVING.md, "Threads")."""
+    locate_packaged_file(ZOO[name])  # a missing package is a ZooError here, not a child's traceback
+    cmd = [sys.executable, "-m", "sglang_dspark.zoo", CONVERT_COMMAND, name, "--out", str(out)]
+    done = subprocess.run(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdin=subprocess.DEVNULL, check=False)
+    if done.returncode != 0 or not (out / _DONE_MARKER).is_file():
+        raise ZooError(f"converting {name} into {out} failed (exit {done.returncode}; its messages are above)")
+
+
+CONVERT_COMMAND = "convert-in-this-process"  # the child's subcommand: no lock (the parent holds it)
+
+
+def _convert_here(name: str, out: Path) -> None:
     gguf_path = locate_packaged_file(ZOO[name])
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -194,11 +209,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="output directory: config.json, model.safetensors, tokenizer (with chat template)",
     )
+    convert_p = sub.add_parser(
+        CONVERT_COMMAND,
+        help="(internal) convert into DIR in this process, without the lock `fetch` takes",
+        description="Internal: what `fetch` runs in a child process, so that no torch work stays in its caller.",
+    )
+    convert_p.add_argument("name", choices=sorted(ZOO), help="model to convert")
+    convert_p.add_argument("--out", required=True, metavar="DIR", help="output directory")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == CONVERT_COMMAND:
+        _convert_here(args.name, Path(args.out))
+        return 0
     try:
         created = fetch(args.name, args.out)
     except ZooError as exc:

@@ -79,6 +79,7 @@ def test_auto_picks_sglang_where_cuda_and_sglang_are_present(monkeypatch):
     (["--model", "{target}", "--mode", "target", "--max-len", "-5"], "--max-len"),
     (["--model", "{target}", "--mode", "target", "--drain-timeout", "-5"], "--drain-timeout -5.0: out of range"),
     (["--model", "{target}", "--mode", "target", "--tp", "0"], "--tp 0: out of range"),
+    (["--model", "{target}", "--mode", "target", "--threads", "0"], "--threads 0: must be >= 1"),
     (["--model", "{target}", "--mode", "target", "--tool-call-parser", "hermess"],
      "--tool-call-parser 'hermess': not one of SGLang's ("),
     (["--model", "{target}", "--mode", "full", "--draft", "{draft}", "--sla-tier", "x"], "needs --mode scheduled"),

@@ -145,6 +145,7 @@ class Engine:
         self._round_observers: list[RoundObserver] = []
         self._last_emit: dict[str, float] = {}
         self.canary = Canary(config.canary_share, config.canary_dir)
+        self.threads = None  # engine/threads.py EngineThreads, set by a launch that named its thread
 
     # ---- requests ------------------------------------------------------------------------------
     @property
@@ -523,9 +524,15 @@ class Engine:
             "context_length": self.max_len,
             "kv_cache_bytes": self.runner.kv_bytes(),
             "weight_format": self.runner.target.weight_format,  # engine/cpu/formats.py
+            "threads": None if self.threads is None else {**self.threads.report(),
+                                                          "decode_steps": _count(self.metrics.verify_steps)},
             "dspark_fingerprint": self.identity,
             "internal_states": [state],
         }
+
+
+def _count(counter) -> int:
+    return int(next(s.value for s in counter.collect()[0].samples if s.name.endswith("_total")))
 
 
 def _eos_ids(tokenizer, target) -> set[int]:

@@ -15,6 +15,7 @@ from sglang_dspark.engine.engine import Engine, EngineConfig
 from sglang_dspark.engine.heap import release_freed_memory
 from sglang_dspark.engine.cpu.formats import WeightFormat, checkpoint_int4_grid, choose_auto, native_bf16_flags
 from sglang_dspark.engine.target_model import TargetModel
+from sglang_dspark.engine.threads import ENGINE_THREAD, EngineThreads
 
 logger = logging.getLogger(__name__)
 
@@ -116,11 +117,13 @@ def load_models(model_dir, draft_dir=None, *, draft_vocab: bool = True, tune: bo
 
 def build_engine(model_dir, draft_dir=None, *, config: EngineConfig | None = None, sps: SpsTable | None = None,
                  sts: torch.Tensor | None = None, model_name: str | None = None, draft_vocab: bool = True,
-                 sps_seeded: bool = False, identity: dict | None = None, weight_format: str = "float32") -> Engine:
+                 sps_seeded: bool = False, identity: dict | None = None, weight_format: str = "float32",
+                 threads: EngineThreads | None = None) -> Engine:
     """An engine over the models in `model_dir` (and `draft_dir`, which every mode but "target"
     needs). `sps` / `sts`: the SPS table and STS temperatures (a profile's; `sps_seeded` when it was
     measured on other hardware), else none and uncalibrated confidences. `identity`: the
-    deployment's fingerprint, for /server_info. `weight_format`: see load_models."""
+    deployment's fingerprint, for /server_info. `weight_format`: see load_models. `threads`: what
+    the caller set up on this, the engine thread (engine/threads.py), for the log and /server_info."""
     config = config or EngineConfig()
     if config.mode != "target" and draft_dir is None:
         raise ValueError(f"mode {config.mode!r} needs a drafter directory")
@@ -137,4 +140,9 @@ def build_engine(model_dir, draft_dir=None, *, config: EngineConfig | None = Non
                 config.mode,
                 engine.policy.source, "yes" if sts is not None else "none",
                 engine.max_len, config.max_running, engine.runner.kv_bytes() / 2**30)
+    if threads is not None:
+        engine.threads = threads
+        team = threads.report()
+        logger.info("engine threads: %d torch threads (%s) on a team of %d native threads named %r",
+                    team["torch_threads"], team["set_by"], team["engine_team_native_threads"], ENGINE_THREAD)
     return engine

@@ -4,12 +4,14 @@ stopped on exit, and busy processes to contend with it."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -24,12 +26,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_reference_server(*launch_args: str, port: int, timeout_s: float = 180.0) -> subprocess.Popen:
+def start_reference_server(*launch_args: str, port: int, timeout_s: float = 180.0,
+                           env: dict[str, str] | None = None) -> subprocess.Popen:
     """`python -m sglang_dspark.launch ... --port PORT` in its own process group, returned once it
-    printed its ready line (AssertionError with its last output if it never does)."""
+    printed its ready line (AssertionError with its last output if it never does); `env` is added
+    to this process's environment (e.g. an empty HOME: a first launch)."""
     proc = subprocess.Popen([sys.executable, "-m", "sglang_dspark.launch", *launch_args, "--host", "127.0.0.1",
                              "--port", str(port)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                            text=True, start_new_session=True, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
     lines: list[str] = []
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -39,6 +43,9 @@ def start_reference_server(*launch_args: str, port: int, timeout_s: float = 180.
             break
         lines.append(line)
         if READY_PREFIX in line:
+            proc.startup_lines = lines  # the launch log up to the ready line
+            proc.log_tail = collections.deque(maxlen=200)  # what it logs while serving, drained so it never blocks
+            threading.Thread(target=proc.log_tail.extend, args=(proc.stdout,), daemon=True).start()
             return proc
     stop(proc)
     raise AssertionError("server did not become ready:\n" + "".join(lines[-30:]))

@@ -1,0 +1,140 @@
+"""Served decode speed: launched servers over HTTP, arm against arm, as users meet them.
+
+Arms (`--arms`), each a `python -m sglang_dspark.launch` server on loopback:
+- `target`: `--mode target`, started on warm caches: the baseline every ratio is taken against;
+- `default`: the default launch (scheduled DSpark) on warm caches: a restart;
+- `first-launch`: the default launch with a `HOME` of its own, empty, so the launch itself converts
+  the model and builds the row kernels, and then serves for its life: a new user's first launch;
+- `first-launch-target`: the same with `--mode target`.
+
+Servers start one at a time (what a server times at start sees an idle host) and stay up, each on
+the launch's own thread default. For each concurrency C, every repeat sends the same 2*C held-out chat
+prompts, at most C in flight, greedy, `--max-tokens` tokens each (`ignore_eos`), to every arm, the
+arms in a carry-over balanced order (`common.balanced_order`). Reported per arm and C: output tok/s
+(completion tokens over the wall time of the set), the median over repeats, and per repeat each
+arm's ratio to `target` in the same repeat, with the median of those ratios. Each server's startup
+seconds and its `/server_info` threads block (engine/threads.py) are kept beside them.
+
+    python benchmarks/served_speed.py [--concurrency 1,4,16] [--max-tokens 128] [--repeats 5]
+        [--arms target,default,first-launch]
+
+Writes benchmarks/results/served_speed.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+from common import ROOT, balanced_order, write_result
+
+from sglang_dspark.prompts import load_prompts
+from sglang_dspark.testing.servers import free_port, start_reference_server, stop
+
+ARMS = {  # arm -> (launch flags, fresh HOME)
+    "target": (("--mode", "target"), False),
+    "default": ((), False),
+    "first-launch": ((), True),
+    "first-launch-target": (("--mode", "target"), True),
+}
+
+
+def start(arm: str, model: str, home_root: Path) -> dict:
+    flags, fresh = ARMS[arm]
+    env = {}
+    if fresh:
+        home = home_root / arm
+        home.mkdir()
+        env["HOME"] = str(home)
+    port = free_port()
+    t0 = time.perf_counter()
+    proc = start_reference_server("--model", model, *flags, port=port, timeout_s=1800, env=env)
+    return {"proc": proc, "url": f"http://127.0.0.1:{port}", "startup_s": round(time.perf_counter() - t0, 1)}
+
+
+def one_set(url: str, prompts: list[str], concurrency: int, max_tokens: int) -> dict:
+    """The prompts at most `concurrency` at a time; completion tokens over the set's wall time."""
+    def request(prompt: str) -> int:
+        body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
+                "ignore_eos": True}
+        r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=900)
+        r.raise_for_status()
+        return r.json()["usage"]["completion_tokens"]
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        tokens = sum(pool.map(request, prompts))
+    wall = time.perf_counter() - t0
+    return {"output_tok_s": round(tokens / wall, 2), "completion_tokens": tokens, "wall_s": round(wall, 3)}
+
+
+def summarize(runs: dict[str, list[dict]]) -> dict:
+    """Per arm the median speed and all of them; per arm but target the per-repeat ratios to target
+    and their median."""
+    row = {arm: {"output_tok_s_median": round(statistics.median(r["output_tok_s"] for r in rs), 2),
+                 "runs_output_tok_s": [r["output_tok_s"] for r in rs]} for arm, rs in runs.items()}
+    for arm in (a for a in runs if a != "target"):
+        ratios = [a["output_tok_s"] / t["output_tok_s"] for a, t in zip(runs[arm], runs["target"])]
+        row[f"{arm}_vs_target_per_repeat"] = [round(x, 3) for x in ratios]
+        row[f"{arm}_vs_target"] = round(statistics.median(ratios), 3)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="target directory or zoo name (launch --model)")
+    parser.add_argument("--concurrency", default="1,4,16", help="comma-separated concurrency levels")
+    parser.add_argument("--max-tokens", type=int, default=128, help="completion tokens per request")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved sets per arm and concurrency")
+    parser.add_argument("--arms", default="target,default,first-launch",
+                        help=f"comma-separated, target first, of {', '.join(ARMS)}")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/served_speed.json"), help="JSON output path")
+    args = parser.parse_args()
+    arms = args.arms.split(",")
+    if arms[0] != "target" or set(arms) - set(ARMS) or len(set(arms)) != len(arms):
+        raise SystemExit(f"--arms: target first, then any of {', '.join(ARMS)}; got {args.arms}")
+    levels = [int(c) for c in args.concurrency.split(",")]
+    records = load_prompts("builtin:heldout")
+    servers: dict[str, dict] = {}
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="served-speed-") as home_root:
+        try:
+            for arm in arms:
+                servers[arm] = start(arm, args.model, Path(home_root))
+                print(f"{arm}: ready in {servers[arm]['startup_s']} s on {servers[arm]['url']}", flush=True)
+            for c in levels:
+                prompts = [records[i % len(records)].prompt for i in range(2 * c)]
+                for arm in arms:  # warm-up: one set each, not counted
+                    one_set(servers[arm]["url"], prompts[:c], c, 8)
+                runs: dict[str, list[dict]] = {arm: [] for arm in arms}
+                for repeat in range(args.repeats):
+                    for arm in balanced_order(arms, repeat):
+                        runs[arm].append(one_set(servers[arm]["url"], prompts, c, args.max_tokens))
+                row = {"concurrency": c, **summarize(runs)}
+                rows.append(row)
+                print(f"C={c}: " + "  ".join(f"{a} {row[a]['output_tok_s_median']:.1f} tok/s" for a in arms) + "  |  "
+                      + "  ".join(f"{a}/target {row[a + '_vs_target']:.3f}" for a in arms[1:]), flush=True)
+            threads = {arm: httpx.get(f"{s['url']}/server_info", timeout=30).json().get("threads")
+                       for arm, s in servers.items()}
+        finally:
+            for s in servers.values():
+                stop(s["proc"])
+    print(f"\n{'C':>3} " + "".join(f"{a:>22}" for a in arms) + "".join(f"{a + '/target':>26}" for a in arms[1:]))
+    for row in rows:
+        print(f"{row['concurrency']:>3} " + "".join(f"{row[a]['output_tok_s_median']:>18.1f} tok/s" for a in arms)
+              + "".join(f"{row[a + '_vs_target']:>26.3f}" for a in arms[1:]))
+    write_result(args.out, {
+        "host": platform.processor() or platform.machine(), "arms": arms, "max_tokens": args.max_tokens,
+        "repeats": args.repeats, "startup_s": {a: s["startup_s"] for a, s in servers.items()},
+        "threads": threads, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()

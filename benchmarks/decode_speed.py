@@ -115,7 +115,7 @@ def engine_for(arm: str, pair, launch_profiles: dict, concurrency: int, model: s
 
         engine.policy.plan = lambda request_ids: NO_DRAFT
         if arm == "dormant-nostage":
-            engine.runner.commit = lambda row, num_accepted, hidden: None
+            engine.runner.commit = lambda rows, num_accepted, hidden, widths: None
     return engine
 
 

@@ -61,25 +61,44 @@ def start(arm: str, model: str, home_root: Path) -> dict:
 
 def one_set(url: str, prompts: list[str], concurrency: int, max_tokens: int) -> dict:
     """The prompts at most `concurrency` at a time; completion tokens over the set's wall time."""
-    def request(prompt: str) -> int:
+    def request(prompt: str) -> tuple[int, float]:
+        t0 = time.perf_counter()
         body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
                 "ignore_eos": True}
         r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=900)
         r.raise_for_status()
-        return r.json()["usage"]["completion_tokens"]
+        return r.json()["usage"]["completion_tokens"], time.perf_counter() - t0
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        tokens = sum(pool.map(request, prompts))
+        done = list(pool.map(request, prompts))
     wall = time.perf_counter() - t0
-    return {"output_tok_s": round(tokens / wall, 2), "completion_tokens": tokens, "wall_s": round(wall, 3)}
+    tokens = sum(n for n, _ in done)
+    latency = sorted(s for _, s in done)
+    return {"output_tok_s": round(tokens / wall, 2), "completion_tokens": tokens, "wall_s": round(wall, 3),
+            "request_s_median": round(latency[len(latency) // 2], 3), "request_s_max": round(latency[-1], 3)}
+
+
+def drafting_summary(info: dict) -> dict | None:
+    """A DSpark server's drafted steps over the steps it keeps on record (/server_info)."""
+    record = info["internal_states"][0]["dspark_info_record"]
+    if record.get("mode") == "target":
+        return None
+    steps = record["records"]
+    drafted = [r for r in steps if r["drafted"]]
+    total_ms = sum(r["step_ms"] for r in steps) or 1.0
+    return {"decode_steps": record["decode_steps"], "probe_steps": record["probe_steps"],
+            "steps_on_record": len(steps), "drafted_steps": len(drafted),
+            "drafted_share_of_time": round(sum(r["step_ms"] for r in drafted) / total_ms, 4),
+            "sps_source": record["sps_source"]}
 
 
 def summarize(runs: dict[str, list[dict]]) -> dict:
     """Per arm the median speed and all of them; per arm but target the per-repeat ratios to target
     and their median."""
     row = {arm: {"output_tok_s_median": round(statistics.median(r["output_tok_s"] for r in rs), 2),
-                 "runs_output_tok_s": [r["output_tok_s"] for r in rs]} for arm, rs in runs.items()}
+                 "runs_output_tok_s": [r["output_tok_s"] for r in rs],
+                 "runs_request_s_max": [r["request_s_max"] for r in rs]} for arm, rs in runs.items()}
     for arm in (a for a in runs if a != "target"):
         ratios = [a["output_tok_s"] / t["output_tok_s"] for a, t in zip(runs[arm], runs["target"])]
         row[f"{arm}_vs_target_per_repeat"] = [round(x, 3) for x in ratios]
@@ -121,8 +140,9 @@ def main() -> None:
                 rows.append(row)
                 print(f"C={c}: " + "  ".join(f"{a} {row[a]['output_tok_s_median']:.1f} tok/s" for a in arms) + "  |  "
                       + "  ".join(f"{a}/target {row[a + '_vs_target']:.3f}" for a in arms[1:]), flush=True)
-            threads = {arm: httpx.get(f"{s['url']}/server_info", timeout=30).json().get("threads")
-                       for arm, s in servers.items()}
+            infos = {arm: httpx.get(f"{s['url']}/server_info", timeout=30).json() for arm, s in servers.items()}
+            threads = {arm: info.get("threads") for arm, info in infos.items()}
+            drafting = {arm: drafting_summary(info) for arm, info in infos.items()}
         finally:
             for s in servers.values():
                 stop(s["proc"])
@@ -133,7 +153,12 @@ def main() -> None:
     write_result(args.out, {
         "host": platform.processor() or platform.machine(), "arms": arms, "max_tokens": args.max_tokens,
         "repeats": args.repeats, "startup_s": {a: s["startup_s"] for a, s in servers.items()},
-        "threads": threads, "rows": rows})
+        "threads": threads, "drafting": drafting, "rows": rows})
+    for arm, d in drafting.items():
+        if d:
+            print(f"{arm}: {d['drafted_steps']} drafted steps ({d['probe_steps']} probes) in the last "
+                  f"{d['steps_on_record']} of {d['decode_steps']} decode steps; {d['drafted_share_of_time']:.1%} of "
+                  "their time")
 
 
 if __name__ == "__main__":

@@ -217,7 +217,45 @@ def test_decode_rows_are_staged_in_place_and_a_full_buffer_flushes_first():
         step.zero_()  # the step's tensor is reused or freed: the staged copy must not change
         eager.stage(1, t, rows[t : t + 1])
         eager.flush()
-    assert len(staged._staged[1]) == 1 and staged._staged[1][0][1].shape[0] == n - STAGE_ROWS  # flushed once, full
+    assert not staged._staged[1] and staged.buf_used[1] == n - STAGE_ROWS  # flushed once, full
     staged.flush()
     torch.testing.assert_close(staged.k[:, 1, :n], eager.k[:, 1, :n])
     torch.testing.assert_close(staged.v[:, 1, :n], eager.v[:, 1, :n])
+
+
+def test_a_steps_rows_staged_at_once_equal_each_staged_alone():
+    """stage_rows (one indexed write for a decode step) leaves the K/V that staging each request's
+    committed rows on its own leaves: rows taken from their offsets (rejected rows between are
+    skipped), a rewrite of rolled-back positions, and a slot whose buffer fills on the way."""
+    from sglang_dspark.drafter.model import STAGE_ROWS
+
+    torch.manual_seed(0)
+    drafter = tiny_drafter()
+    feat = len(drafter.config.target_layer_ids) * drafter.config.hidden_size
+    together = DraftKVCache(drafter, num_slots=3, max_len=STAGE_ROWS + 64)
+    alone = DraftKVCache(drafter, num_slots=3, max_len=STAGE_ROWS + 64)
+    prompt = torch.randn(3, 40, feat)
+    for slot in range(3):
+        for cache in (together, alone):
+            cache.stage(slot, 0, prompt[slot, : 10 + slot])
+    steps = [([0, 1, 2], [1, 3, 2], [2, 4, 3]), ([2, 0], [2, 1], [3, 1]), ([1, 0, 2], [1, 2, 1], [4, 3, 1])]
+    for slots, counts, widths in steps:
+        hidden = torch.randn(sum(widths), feat)
+        starts = [together.lengths[s] - (1 if s == 1 else 0) for s in slots]  # slot 1 rewrites its last row
+        offsets = [sum(widths[:i]) for i in range(len(slots))]
+        together.stage_rows(slots, starts, hidden, offsets, counts)
+        for slot, start, offset, n in zip(slots, starts, offsets, counts):
+            alone.stage(slot, start, hidden[offset : offset + n])
+    # slot 0 past a full buffer: one row a call, STAGE_ROWS of them
+    for _ in range(STAGE_ROWS):
+        row = torch.randn(1, feat)
+        together.stage_rows([0], [together.lengths[0]], row, [0], [1])
+        alone.stage(0, alone.lengths[0], row)
+    assert together.lengths == alone.lengths
+    together.flush()
+    alone.flush()
+    for slot, n in enumerate(together.lengths):
+        assert torch.equal(together.k[:, slot, :n], alone.k[:, slot, :n]), slot
+        assert torch.equal(together.v[:, slot, :n], alone.v[:, slot, :n]), slot
+    with pytest.raises(ValueError, match="at most once"):
+        together.stage_rows([1, 1], [together.lengths[1]] * 2, torch.randn(2, feat), [0, 1], [1, 1])

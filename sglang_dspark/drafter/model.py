@@ -296,13 +296,14 @@ class DraftKVCache:
         self.kv = zeros(shape, dtype=dtype, device=device)  # `zeros`: the engine passes its lazy allocator
         self.lengths = [0] * num_slots
         self.max_len = max_len
-        # Per slot: disjoint (start, features [n, m*H]) pieces in ascending order, not yet projected.
+        # Per slot, not yet projected: prompt chunks, disjoint (start, features [n, m*H]) pieces in
+        # ascending order, then the rows in the slot's staging buffer, positions buf_start.. (buf_used
+        # rows; none: buf_start -1), which always lie above the pieces.
         self._staged: list[list[tuple[int, torch.Tensor]]] = [[] for _ in range(num_slots)]
-        # Decode steps' rows are copied into a per-slot buffer, not kept as views of each step's
-        # hidden-state tensor: with every step's tensor kept alive until the next draft the default's
-        # plain steps ran 4.5 % slower than target-only's at C = 4 (heap fragmentation, most likely;
-        # a diagnostic without staging ran even). A slot's buffer holds its last piece, from row 0;
-        # pages are committed as written.
+        self.buf_start, self.buf_used = [-1] * num_slots, [0] * num_slots
+        # Decode steps' rows are copied into the per-slot buffer, not kept as views of each step's
+        # hidden-state tensor: with every step's tensor kept alive until the next draft, plain steps
+        # ran measurably slower (heap fragmentation, most likely). Pages are committed as written.
         feat = len(cfg.target_layer_ids) * cfg.hidden_size
         self._buf = zeros((num_slots, STAGE_ROWS, feat), dtype=dtype, device=device)
 
@@ -326,33 +327,50 @@ class DraftKVCache:
 
     def stage(self, slot: int, start: int, target_hidden: torch.Tensor) -> None:
         """`append` for positions start, start + 1, ... one per row of target_hidden [n, m*H], without
-        a positions tensor (the engine stages every request's committed rows each step)."""
-        end = start + target_hidden.shape[0]
-        if end == start:
-            return
-        if start > self.lengths[slot] or end > self.max_len:
-            raise ValueError(f"slot {slot}: cannot write [{start}, {end}) with length "
-                             f"{self.lengths[slot]}, capacity {self.max_len}")
-        if start < self.lengths[slot]:  # a rewrite: staged pieces all lie below the length, so only then
-            self._drop_staged_from(slot, start)  # (the engine appends at the end every step)
-        n = end - start
-        if n <= STAGE_ROWS // 4:  # a decode step's rows: copied into the slot's buffer
-            row0 = self._buf[slot]
-            pieces = self._staged[slot]
-            last = pieces[-1] if pieces and pieces[-1][1].data_ptr() == row0.data_ptr() else None
-            if last is None or last[0] + last[1].shape[0] != start or last[1].shape[0] + n > STAGE_ROWS:
-                if any(h.data_ptr() == row0.data_ptr() for _, h in pieces):
-                    self.flush([slot])  # the buffer is taken: full, or its piece is not contiguous with these rows
-                last = None
-            used = 0 if last is None else last[1].shape[0]
-            self._buf[slot, used : used + n] = target_hidden
-            if last is None:
-                self._staged[slot].append((start, self._buf[slot, :n]))
+        a positions tensor."""
+        self.stage_rows([slot], [start], target_hidden, [0], [target_hidden.shape[0]])
+
+    def stage_rows(self, slots: list[int], starts: list[int], hidden: torch.Tensor, offsets: list[int],
+                   counts: list[int]) -> None:
+        """Stage, for each i, rows offsets[i] .. + counts[i] of `hidden` [N, m*H] at positions
+        starts[i] .. of slots[i]: a decode step's committed rows of every request. Rows that extend
+        their slot's buffer are copied in with one indexed write for the whole step (a Python call and
+        a copy per request were most of what staging cost a step); the rest go one by one."""
+        if len(set(slots)) != len(slots):  # a slot's pending rows would be flushed before they are written
+            raise ValueError(f"slots {slots}: each slot at most once a call")
+        dst_slot, dst_row, src = [], [], []
+        for slot, start, offset, n in zip(slots, starts, offsets, counts):
+            end = start + n
+            if n == 0:
+                continue
+            if start > self.lengths[slot] or end > self.max_len:
+                raise ValueError(f"slot {slot}: cannot write [{start}, {end}) with length "
+                                 f"{self.lengths[slot]}, capacity {self.max_len}")
+            if start < self.lengths[slot]:  # a rewrite: the staged rows from `start` on are stale
+                self._drop_staged_from(slot, start)
+            if n > STAGE_ROWS // 4:  # a prompt chunk: its own tensor, kept until projected, above the buffer
+                if self.buf_used[slot]:
+                    self.flush([slot])
+                self._staged[slot].append((start, hidden[offset:offset + n]))
+            else:  # a decode step's rows: into the slot's buffer
+                used = self.buf_used[slot]
+                if used and (self.buf_start[slot] + used != start or used + n > STAGE_ROWS):
+                    self.flush([slot])  # the buffer is full, or its rows are not contiguous with these
+                    used = 0
+                if used == 0:
+                    self.buf_start[slot] = start
+                dst_slot += [slot] * n
+                dst_row += range(used, used + n)
+                src += range(offset, offset + n)
+                self.buf_used[slot] = used + n
+            self.lengths[slot] = end
+        if src:
+            picked = hidden[src[0]:src[0] + len(src)] if src == list(range(src[0], src[0] + len(src))) \
+                else hidden[torch.tensor(src)]
+            if dst_slot[0] == dst_slot[-1]:  # one slot (one request): its rows are one slice of its buffer
+                self._buf[dst_slot[0], dst_row[0]:dst_row[-1] + 1] = picked
             else:
-                self._staged[slot][-1] = (last[0], self._buf[slot, : used + n])
-        else:  # a prompt chunk: its own tensor, kept until projected
-            self._staged[slot].append((start, target_hidden))
-        self.lengths[slot] = end
+                self._buf[torch.tensor(dst_slot), torch.tensor(dst_row)] = picked.to(self._buf.dtype)
 
     def truncate(self, slot: int, length: int) -> None:
         self.lengths[slot] = min(self.lengths[slot], int(length))
@@ -364,12 +382,21 @@ class DraftKVCache:
     def _drop_staged_from(self, slot: int, start: int) -> None:
         """Forget staged features at positions >= start (they are being rewritten or rolled back)."""
         self._staged[slot] = [(s, h[: start - s]) for s, h in self._staged[slot] if s < start]
+        if self.buf_used[slot]:
+            self.buf_used[slot] = max(0, min(self.buf_used[slot], start - self.buf_start[slot]))
+
+    def staged_pieces(self, slot: int) -> list[tuple[int, torch.Tensor]]:
+        """The slot's staged (start, features) pieces in position order, its buffer's rows last."""
+        pieces = list(self._staged[slot])
+        if self.buf_used[slot]:
+            pieces.append((self.buf_start[slot], self._buf[slot, : self.buf_used[slot]]))
+        return pieces
 
     @torch.no_grad()
     def flush(self, slots=None) -> None:
         """Project the staged features of `slots` (default: all) into K/V, in one batched call."""
         slots = range(len(self._staged)) if slots is None else sorted(set(int(s) for s in slots))
-        pieces = [(slot, s, h) for slot in slots for s, h in self._staged[slot]]
+        pieces = [(slot, s, h) for slot in slots for s, h in self.staged_pieces(slot)]
         if not pieces:
             return
         device = self.kv.device
@@ -385,4 +412,4 @@ class DraftKVCache:
                                              output_size=hidden.shape[0])
         self.drafter.backend_for(self.kv).store_context(self.kv, hidden, positions, slot_index)
         for slot in slots:
-            self._staged[slot] = []
+            self._staged[slot], self.buf_used[slot] = [], 0

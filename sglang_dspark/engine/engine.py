@@ -378,10 +378,11 @@ class Engine:
                 self._commit_or_fail(req, [token], result.last_logits[i : i + 1])
 
     def _commit_decode(self, d: DecodeResult) -> None:
+        accepted, widths = d.num_accepted.tolist(), (d.lens + 1).tolist()
+        self.runner.commit(d.rows, accepted, d.hidden, widths)
         row = 0
-        for i, (req, dr) in enumerate(zip(d.requests, d.rows)):
-            n, width = int(d.num_accepted[i]), int(d.lens[i]) + 1
-            self.runner.commit(dr, n, None if d.hidden is None else d.hidden[row : row + n + 1])
+        for i, req in enumerate(d.requests):
+            n, width = accepted[i], widths[i]
             req.kv_len += n + 1
             tokens = (d.drafts[i, :n].tolist() if n else []) + [int(d.next_tokens[i])]
             if req.replay_of is None:  # replays verify no draft: they would drag the users' tau down

@@ -84,9 +84,15 @@ class ModelRunner:
             segments.append(Segment(r.slot, r.anchor_pos, tokens))
         return self.target.forward_segments(segments, self.cache, capture_layers=self.capture)
 
-    def commit(self, row: DecodeRow, num_accepted: int, hidden: torch.Tensor | None) -> None:
-        """The anchor and `num_accepted` drafts are now committed: their hidden states (rows of
-        `hidden`, anchor first) extend the drafter's context. The target's cache needs nothing:
-        rejected positions are past the KV length and are overwritten later."""
+    def commit(self, rows: list[DecodeRow], num_accepted: list[int], hidden: torch.Tensor | None,
+               widths: list[int]) -> None:
+        """Each row's anchor and its `num_accepted` drafts are now committed: their hidden states
+        extend the drafter's context (row i's verify rows are the next widths[i] rows of `hidden`, anchor
+        first), staged for the whole step at once. The target's cache needs nothing: rejected
+        positions are past the KV length and are overwritten later."""
         if self.draft_cache is not None:
-            self.draft_cache.stage(row.slot, row.anchor_pos, hidden[: num_accepted + 1])
+            offsets = [0]
+            for w in widths[:-1]:
+                offsets.append(offsets[-1] + w)
+            self.draft_cache.stage_rows([r.slot for r in rows], [r.anchor_pos for r in rows], hidden, offsets,
+                                        [n + 1 for n in num_accepted])

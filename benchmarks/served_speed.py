@@ -18,6 +18,9 @@ seconds and its `/server_info` threads block (engine/threads.py) are kept beside
     python benchmarks/served_speed.py [--concurrency 1,4,16] [--max-tokens 128] [--repeats 5]
         [--arms target,default,first-launch]
 
+Greedy answers are compared too: first target-only answers every prompt one at a time (C = 1), then
+every arm's answer at every C and repeat is compared with it.
+
 Writes benchmarks/results/served_speed.json.
 """
 
@@ -61,22 +64,24 @@ def start(arm: str, model: str, home_root: Path) -> dict:
 
 def one_set(url: str, prompts: list[str], concurrency: int, max_tokens: int) -> dict:
     """The prompts at most `concurrency` at a time; completion tokens over the set's wall time."""
-    def request(prompt: str) -> tuple[int, float]:
+    def request(prompt: str) -> tuple[int, float, str]:
         t0 = time.perf_counter()
         body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
                 "ignore_eos": True}
         r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=900)
         r.raise_for_status()
-        return r.json()["usage"]["completion_tokens"], time.perf_counter() - t0
+        reply = r.json()
+        return reply["usage"]["completion_tokens"], time.perf_counter() - t0, reply["choices"][0]["message"]["content"]
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         done = list(pool.map(request, prompts))
     wall = time.perf_counter() - t0
-    tokens = sum(n for n, _ in done)
-    latency = sorted(s for _, s in done)
+    tokens = sum(n for n, _, _ in done)
+    latency = sorted(s for _, s, _ in done)
     return {"output_tok_s": round(tokens / wall, 2), "completion_tokens": tokens, "wall_s": round(wall, 3),
-            "request_s_median": round(latency[len(latency) // 2], 3), "request_s_max": round(latency[-1], 3)}
+            "request_s_median": round(latency[len(latency) // 2], 3), "request_s_max": round(latency[-1], 3),
+            "texts": [text for _, _, text in done]}
 
 
 def drafting_summary(info: dict) -> dict | None:
@@ -93,12 +98,22 @@ def drafting_summary(info: dict) -> dict | None:
             "sps_source": record["sps_source"]}
 
 
+def greedy_agreement(runs: dict[str, list[dict]], reference: dict[int, str]) -> dict:
+    """Per arm: (answers equal to target-only's at C = 1, answers compared), over every repeat."""
+    out = {}
+    for arm, rs in runs.items():
+        pairs = [(text, reference[i]) for r in rs for i, text in enumerate(r["texts"]) if i in reference]
+        out[arm] = [sum(a == b for a, b in pairs), len(pairs)]
+    return out
+
+
 def summarize(runs: dict[str, list[dict]]) -> dict:
     """Per arm the median speed and all of them; per arm but target the per-repeat ratios to target
     and their median."""
     row = {arm: {"output_tok_s_median": round(statistics.median(r["output_tok_s"] for r in rs), 2),
                  "runs_output_tok_s": [r["output_tok_s"] for r in rs],
-                 "runs_request_s_max": [r["request_s_max"] for r in rs]} for arm, rs in runs.items()}
+                 "runs_request_s_max": [r["request_s_max"] for r in rs],
+                 "texts": rs[0]["texts"]} for arm, rs in runs.items()}
     for arm in (a for a in runs if a != "target"):
         ratios = [a["output_tok_s"] / t["output_tok_s"] for a, t in zip(runs[arm], runs["target"])]
         row[f"{arm}_vs_target_per_repeat"] = [round(x, 3) for x in ratios]
@@ -128,6 +143,8 @@ def main() -> None:
             for arm in arms:
                 servers[arm] = start(arm, args.model, Path(home_root))
                 print(f"{arm}: ready in {servers[arm]['startup_s']} s on {servers[arm]['url']}", flush=True)
+            every = [records[i % len(records)].prompt for i in range(2 * max(levels))]
+            reference = dict(enumerate(one_set(servers[arms[0]]["url"], every, 1, args.max_tokens)["texts"]))
             for c in levels:
                 prompts = [records[i % len(records)].prompt for i in range(2 * c)]
                 for arm in arms:  # warm-up: one set each, not counted
@@ -137,9 +154,11 @@ def main() -> None:
                     for arm in balanced_order(arms, repeat):
                         runs[arm].append(one_set(servers[arm]["url"], prompts, c, args.max_tokens))
                 row = {"concurrency": c, **summarize(runs)}
+                row["greedy_equal_to_target_at_c1"] = greedy_agreement(runs, reference)
                 rows.append(row)
                 print(f"C={c}: " + "  ".join(f"{a} {row[a]['output_tok_s_median']:.1f} tok/s" for a in arms) + "  |  "
-                      + "  ".join(f"{a}/target {row[a + '_vs_target']:.3f}" for a in arms[1:]), flush=True)
+                      + "  ".join(f"{a}/target {row[a + '_vs_target']:.3f}" for a in arms[1:]) + "  |  greedy = target at C=1: "
+                      + "  ".join(f"{a} {e}/{n}" for a, (e, n) in row["greedy_equal_to_target_at_c1"].items()), flush=True)
             infos = {arm: httpx.get(f"{s['url']}/server_info", timeout=30).json() for arm, s in servers.items()}
             threads = {arm: info.get("threads") for arm, info in infos.items()}
             drafting = {arm: drafting_summary(info) for arm, info in infos.items()}

@@ -56,17 +56,21 @@ class ModelRunner:
     def prefill(self, chunks: list[tuple[int, int, list[int]]], all_logits: bool = False) -> torch.Tensor:
         """Run prompt chunks (slot, start, token ids); logits [len(chunks), V] of each chunk's last
         token, or with `all_logits` [total tokens, V] of every token (prompt logprobs). Their hidden
-        states become drafter context."""
-        segments = [Segment(slot, start, torch.tensor(tokens)) for slot, start, tokens in chunks]
-        out = self.target.forward_segments(segments, self.cache, capture_layers=self.capture,
-                                           logits_for="all" if all_logits else "last", prompt=True)
-        if self.draft_cache is not None:
-            offset = 0
-            for seg in segments:
-                n = len(seg.tokens)
-                self.draft_cache.append(seg.slot, torch.arange(seg.start, seg.start + n), out.hidden[offset : offset + n])
-                offset += n
-        return out.logits
+        states become drafter context.
+
+        One forward per chunk: packed with other prompts, a chunk's rows went through GEMMs of
+        another row count and one padded attention call, both of which round differently (on an AMX
+        Xeon enough to change greedy text); alone, with the scheduler's fixed cut positions, a
+        prompt's bits do not depend on what arrived beside it."""
+        logits = []
+        for slot, start, tokens in chunks:
+            out = self.target.forward_segments([Segment(slot, start, torch.tensor(tokens))], self.cache,
+                                               capture_layers=self.capture,
+                                               logits_for="all" if all_logits else "last", prompt=True)
+            logits.append(out.logits)
+            if self.draft_cache is not None:
+                self.draft_cache.stage(slot, start, out.hidden)
+        return torch.cat(logits)
 
     def draft(self, rows: list[DecodeRow], sampler):
         """One block of gamma drafts per row (drafter.DraftOutput)."""

@@ -2,7 +2,8 @@
 
 A request waits in arrival order until a KV slot is free and the admission rule (SLA mode's, see
 engine/policy.py) lets it in. While its prompt is not fully in the KV cache it prefills, at most
-`prefill_chunk` prompt tokens per step over all prefilling requests; then it decodes.
+`prefill_chunk` prompt tokens per step over all prefilling requests, each prompt cut at multiples of
+`prefill_chunk`; then it decodes.
 """
 
 from __future__ import annotations
@@ -79,8 +80,12 @@ class Scheduler:
         for req in self.running:
             if not req.prefilling:
                 batch.decode.append(req)
-            elif budget > 0:
-                n = min(budget, req.num_prompt - req.kv_len)
-                batch.prefill.append(PrefillChunk(req, req.kv_len, req.prompt_ids[req.kv_len : req.kv_len + n]))
-                budget -= n
+                continue
+            # A prompt is cut at fixed positions, multiples of prefill_chunk, whatever else arrives:
+            # its chunks, and so its bits, are the same alone and in a burst (a chunk that does not
+            # fit this step's budget waits for the next, whole).
+            end = min(req.num_prompt, (req.kv_len // self.prefill_chunk + 1) * self.prefill_chunk)
+            if end - req.kv_len <= budget:
+                batch.prefill.append(PrefillChunk(req, req.kv_len, req.prompt_ids[req.kv_len : end]))
+                budget -= end - req.kv_len
         return batch

@@ -9,17 +9,18 @@ Arms (`--arms`), each a `python -m sglang_dspark.launch` server on loopback:
 
 Servers start one at a time (what a server times at start sees an idle host) and stay up, each on
 the launch's own thread default. For each concurrency C, every repeat sends the same 2*C held-out chat
-prompts, at most C in flight, greedy, `--max-tokens` tokens each (`ignore_eos`), to every arm, the
-arms in a carry-over balanced order (`common.balanced_order`). Reported per arm and C: output tok/s
+prompts, at most C in flight, greedy (or at `--temperature`, prompt i seeded `--seed` + i),
+`--max-tokens` tokens each (`ignore_eos`), to every arm, the arms in a carry-over balanced order (`common.balanced_order`). Reported per arm and C: output tok/s
 (completion tokens over the wall time of the set), the median over repeats, and per repeat each
 arm's ratio to `target` in the same repeat, with the median of those ratios. Each server's startup
 seconds and its `/server_info` threads block (engine/threads.py) are kept beside them.
 
     python benchmarks/served_speed.py [--concurrency 1,4,16] [--max-tokens 128] [--repeats 5]
-        [--arms target,default,first-launch]
+        [--arms target,default,first-launch] [--temperature 0.8 --seed 1]
 
-Greedy answers are compared too: first target-only answers every prompt one at a time (C = 1), then
-every arm's answer at every C and repeat is compared with it.
+Answers are compared too: first target-only answers every prompt one at a time (C = 1), then every
+arm's answer at every C and repeat is compared with it (greedy, or seeded: the same text whatever the
+load either way).
 
 Writes benchmarks/results/served_speed.json.
 """
@@ -62,12 +63,17 @@ def start(arm: str, model: str, home_root: Path) -> dict:
     return {"proc": proc, "url": f"http://127.0.0.1:{port}", "startup_s": round(time.perf_counter() - t0, 1)}
 
 
-def one_set(url: str, prompts: list[str], concurrency: int, max_tokens: int) -> dict:
-    """The prompts at most `concurrency` at a time; completion tokens over the set's wall time."""
-    def request(prompt: str) -> tuple[int, float, str]:
+def one_set(url: str, prompts: list[str], concurrency: int, max_tokens: int, temperature: float = 0.0,
+            seed: int | None = None) -> dict:
+    """The prompts at most `concurrency` at a time; completion tokens over the set's wall time. With a
+    `seed`, prompt i is sent with seed + i (the same prompt always draws from the same seed)."""
+    def request(item: tuple[int, str]) -> tuple[int, float, str]:
+        i, prompt = item
         t0 = time.perf_counter()
-        body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
-                "ignore_eos": True}
+        body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+                "temperature": temperature, "ignore_eos": True}
+        if seed is not None:
+            body["seed"] = seed + i
         r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=900)
         r.raise_for_status()
         reply = r.json()
@@ -75,7 +81,7 @@ def one_set(url: str, prompts: list[str], concurrency: int, max_tokens: int) -> 
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        done = list(pool.map(request, prompts))
+        done = list(pool.map(request, enumerate(prompts)))
     wall = time.perf_counter() - t0
     tokens = sum(n for n, _, _ in done)
     latency = sorted(s for _, s, _ in done)
@@ -98,8 +104,9 @@ def drafting_summary(info: dict) -> dict | None:
             "sps_source": record["sps_source"]}
 
 
-def greedy_agreement(runs: dict[str, list[dict]], reference: dict[int, str]) -> dict:
-    """Per arm: (answers equal to target-only's at C = 1, answers compared), over every repeat."""
+def text_agreement(runs: dict[str, list[dict]], reference: dict[int, str]) -> dict:
+    """Per arm: (answers equal to target-only's at C = 1, answers compared), over every repeat (at the
+    run's temperature and seeds: the same text whatever the load is the promise for both)."""
     out = {}
     for arm, rs in runs.items():
         pairs = [(text, reference[i]) for r in rs for i, text in enumerate(r["texts"]) if i in reference]
@@ -129,6 +136,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="interleaved sets per arm and concurrency")
     parser.add_argument("--arms", default="target,default,first-launch",
                         help=f"comma-separated, target first, of {', '.join(ARMS)}")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="every request's temperature; above 0 pair it with --seed (default: greedy)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="prompt i is sent with seed + i, so its text should not depend on the load (default: none)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/served_speed.json"), help="JSON output path")
     args = parser.parse_args()
     arms = args.arms.split(",")
@@ -144,21 +155,22 @@ def main() -> None:
                 servers[arm] = start(arm, args.model, Path(home_root))
                 print(f"{arm}: ready in {servers[arm]['startup_s']} s on {servers[arm]['url']}", flush=True)
             every = [records[i % len(records)].prompt for i in range(2 * max(levels))]
-            reference = dict(enumerate(one_set(servers[arms[0]]["url"], every, 1, args.max_tokens)["texts"]))
+            sampling = {"temperature": args.temperature, "seed": args.seed}
+            reference = dict(enumerate(one_set(servers[arms[0]]["url"], every, 1, args.max_tokens, **sampling)["texts"]))
             for c in levels:
                 prompts = [records[i % len(records)].prompt for i in range(2 * c)]
                 for arm in arms:  # warm-up: one set each, not counted
-                    one_set(servers[arm]["url"], prompts[:c], c, 8)
+                    one_set(servers[arm]["url"], prompts[:c], c, 8, **sampling)
                 runs: dict[str, list[dict]] = {arm: [] for arm in arms}
                 for repeat in range(args.repeats):
                     for arm in balanced_order(arms, repeat):
-                        runs[arm].append(one_set(servers[arm]["url"], prompts, c, args.max_tokens))
+                        runs[arm].append(one_set(servers[arm]["url"], prompts, c, args.max_tokens, **sampling))
                 row = {"concurrency": c, **summarize(runs)}
-                row["greedy_equal_to_target_at_c1"] = greedy_agreement(runs, reference)
+                row["text_equal_to_target_at_c1"] = text_agreement(runs, reference)
                 rows.append(row)
                 print(f"C={c}: " + "  ".join(f"{a} {row[a]['output_tok_s_median']:.1f} tok/s" for a in arms) + "  |  "
-                      + "  ".join(f"{a}/target {row[a + '_vs_target']:.3f}" for a in arms[1:]) + "  |  greedy = target at C=1: "
-                      + "  ".join(f"{a} {e}/{n}" for a, (e, n) in row["greedy_equal_to_target_at_c1"].items()), flush=True)
+                      + "  ".join(f"{a}/target {row[a + '_vs_target']:.3f}" for a in arms[1:]) + "  |  same text as target at C=1: "
+                      + "  ".join(f"{a} {e}/{n}" for a, (e, n) in row["text_equal_to_target_at_c1"].items()), flush=True)
             infos = {arm: httpx.get(f"{s['url']}/server_info", timeout=30).json() for arm, s in servers.items()}
             threads = {arm: info.get("threads") for arm, info in infos.items()}
             drafting = {arm: drafting_summary(info) for arm, info in infos.items()}
@@ -171,6 +183,7 @@ def main() -> None:
               + "".join(f"{row[a + '_vs_target']:>26.3f}" for a in arms[1:]))
     write_result(args.out, {
         "host": platform.processor() or platform.machine(), "arms": arms, "max_tokens": args.max_tokens,
+        "temperature": args.temperature, "seed": args.seed,
         "repeats": args.repeats, "startup_s": {a: s["startup_s"] for a, s in servers.items()},
         "threads": threads, "drafting": drafting, "rows": rows})
     for arm, d in drafting.items():

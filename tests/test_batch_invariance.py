@@ -53,12 +53,16 @@ def serve(engine, prompts: list[list[int]], params: SamplingParams) -> list[tupl
 @pytest.mark.parametrize("burst", BURSTS)
 @pytest.mark.parametrize("weight_format", FORMATS)
 @pytest.mark.parametrize("mode", ["target", "full"])
-def test_a_requests_bits_are_the_same_alone_and_in_a_burst(weight_format, mode, burst):
+@pytest.mark.parametrize("temperature", [0.0, 0.8], ids=["greedy", "seeded-T0.8"])
+def test_a_requests_bits_are_the_same_alone_and_in_a_burst(weight_format, mode, burst, temperature):
+    """Greedy, and sampled with a seed (the request's own generator draws the same numbers whatever
+    shares its step, as long as its drafts and their count do not change: target-only, or every draft
+    verified)."""
     if weight_format in ("int8", "int4") and cpu_rows.ops() is None:
         pytest.skip(f"{weight_format} runs aten's kernels here, whose rows are not batch-invariant: "
                     f"{cpu_rows.status()}")
-    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, logprobs=True, top_logprobs=5,
-                            prompt_logprobs=True)
+    params = SamplingParams(max_tokens=20, temperature=temperature, seed=1234, ignore_eos=True, logprobs=True,
+                            top_logprobs=5, prompt_logprobs=True)
     alone = serve(tiny_engine(mode, weight_format=weight_format, prefill_chunk=CHUNK), [PROMPT], params)[0]
     prompts, index = BURSTS[burst]
     burst = serve(tiny_engine(mode, weight_format=weight_format, prefill_chunk=CHUNK), prompts, params)[index]

@@ -27,7 +27,6 @@ import torch
 from common import ROOT, heldout_prompts, load_pair, write_result
 
 from sglang_dspark.engine import engine as engine_module
-from sglang_dspark.engine.canary import NEAR_TIE_ULPS
 from sglang_dspark.engine.engine import Engine, EngineConfig
 from sglang_dspark.engine.sampling import SamplingParams
 from sglang_dspark.profile.fingerprint import hardware_id
@@ -70,7 +69,8 @@ def run(fmt: str, prompts, tokenizer_pair, args, corrupt: float) -> dict:
     c = engine.canary
     margins = sorted(r["margin_ulps"] for r in records if r["margin_ulps"] is not None)
     return {"format": fmt, "corrupt": corrupt, "replays": c.replays, "matches": c.replays - c.near_ties - c.mismatches,
-            "near_ties": c.near_ties, "mismatches": c.mismatches, "near_tie_ulps": NEAR_TIE_ULPS.get(fmt, 0.0),
+            "near_ties": c.near_ties, "mismatches": c.mismatches,
+            "near_tie_ulps": target.fmt.near_tie_ulps or 0.0, "batch_invariant": target.fmt.batch_invariant,
             "margins_ulps": margins, "unmeasured_margins": sum(r["margin_ulps"] is None for r in records)}
 
 

@@ -304,9 +304,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     target, tokenizer, shipped = load_pair(args.model, args.draft, args.dtype)
-    from sglang_dspark.engine.cpu.formats import WeightFormat
-
-    fmt = WeightFormat.of(target.weight_format.name if hasattr(target.weight_format, "name") else target.weight_format)
+    fmt = target.fmt  # the format the engine prepared the shipped drafter in
     request_counts = [int(x) for x in args.requests.split(",")]
     shapes = args.shapes.split(",")
     prompts = heldout_prompts(tokenizer, max(request_counts))

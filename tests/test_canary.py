@@ -211,9 +211,25 @@ def _replayed(expected: list[int], output: list[int], margin: float | None) -> R
     return req
 
 
+def test_the_row_kernels_allow_no_rounding_and_aten_some():
+    """On the batch-invariant row kernels a replay's bits are the original's: no near tie at all."""
+    assert WeightFormat.of("int4", row_kernels=False).near_tie_ulps > 0
+    assert WeightFormat.of("bfloat16").near_tie_ulps > 0
+    assert WeightFormat.of("float32").near_tie_ulps is None
+    if WeightFormat.of("int4").kernels is not None:
+        assert WeightFormat.of("int4").near_tie_ulps is None and WeightFormat.of("int8").near_tie_ulps is None
+
+
+@pytest.mark.skipif(WeightFormat.of("int4").kernels is None, reason="no row kernels on this CPU")
+def test_on_the_row_kernels_even_an_exact_tie_is_a_mismatch(tmp_path):
+    canary = Canary(1.0, tmp_path)
+    assert canary.finished(_replayed([1, 2, 3], [1, 4, 3], 0.0), WeightFormat.of("int4")) == MISMATCH
+    assert (canary.near_ties, canary.mismatches) == (0, 1)
+
+
 def test_a_difference_within_the_formats_rounding_is_a_near_tie_and_beyond_it_a_mismatch(tmp_path):
     canary = Canary(1.0, tmp_path)
-    int4, float32 = WeightFormat.of("int4"), WeightFormat.of("float32")
+    int4, float32 = WeightFormat.of("int4", row_kernels=False), WeightFormat.of("float32")  # int4 on aten: rounds by batch
     allowed = int4.near_tie_ulps
     assert canary.finished(_replayed([1, 2, 3], [1, 2, 3], None), int4) == MATCH
     assert canary.finished(_replayed([1, 2, 3], [1, 4, 3], allowed), int4) == NEAR_TIE
@@ -274,10 +290,11 @@ def test_the_engine_judges_a_replay_by_its_served_format_and_counts_near_ties_ap
     above): within the int4 allowance a near tie, not a mismatch; beyond it a mismatch."""
     monkeypatch.setattr(engine_module, "verify_step", _every_rejected_draft_slips_through(engine_module.verify_step))
     greedy = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-    for margin, near in ((WeightFormat.of("int4").near_tie_ulps, True), (WeightFormat.of("int4").near_tie_ulps * 2, False)):
+    aten_int4 = WeightFormat.of("int4", row_kernels=False)  # rounds by batch: an allowance
+    for margin, near in ((aten_int4.near_tie_ulps, True), (aten_int4.near_tie_ulps * 2, False)):
         monkeypatch.setattr(engine_module, "divergence_margin", lambda *a, m=margin, **kw: m)
         engine = tiny_engine("full", hf=tiny_hf_target(), max_running=4, canary_share=1.0)
-        engine.runner.target.fmt = WeightFormat.of("int4")  # judged as int4 rounds
+        engine.runner.target.fmt = aten_int4  # judged as int4 on aten's kernels rounds
         run_to_completion(engine, _prompts(4), [greedy] * 4)
         _drain(engine)
         c, text = engine.canary, engine.metrics.render().decode()

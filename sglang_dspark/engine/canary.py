@@ -8,11 +8,14 @@ only (a free KV slot and nobody waiting), and compares the two outputs token for
 mismatch is counted (`sglang_dspark_canary_mismatches_total`, which alerts), logged with the first
 differing position, and kept as evidence (a JSON line per replay in `evidence_dir`).
 
-Rounding is not corruption. In bfloat16 and the quantized formats a request's logits depend on
-what it was batched with (one masked attention call over the batch, oneDNN's kernel per row count),
-and logits tie often at that precision, so a replay batched with other traffic can take the other
-side of a near tie and then decode on differently: on the int4 SmolLM2, 7 of 32 replays under
-batched load did (bfloat16: 15), none in float32 (benchmarks/canary_ties.py). So at the first token that
+Rounding is not corruption, where rounding depends on the batch. On the row kernels (int8 and int4
+where they run) every row is computed on its own, so a replay computes the original's very bits and
+any difference is a defect: a mismatch, no allowance (`WeightFormat.batch_invariant`). In bfloat16,
+and in int8 / int4 on aten's kernels, a request's logits depend on what it was batched with (one
+masked attention call over the batch, oneDNN's kernel per row count), and logits tie often at that
+precision, so a replay batched with other traffic can take the other side of a near tie and then
+decode on differently: on the int4 SmolLM2 before the row kernels, 7 of 32 replays under batched
+load did (bfloat16: 15), none in float32 (benchmarks/canary_ties.py). There, at the first token that
 differs the replay's own logits say how far the original's token fell below the replay's choice,
 in units of bfloat16's resolution at that logit (its ulp: 0.125 for logits of 16-32); within
 `NEAR_TIE_ULPS` of the served format that is a near tie (counted apart,

@@ -107,9 +107,17 @@ class WeightFormat:
         return self.name in QUANTIZED
 
     @property
+    def batch_invariant(self) -> bool:
+        """Whether a request's decode and verify rows are bitwise the same whatever shares its step:
+        the row kernels compute every row on its own (tests/test_batch_invariance.py)."""
+        return self.kernels is not None
+
+    @property
     def near_tie_ulps(self) -> float | None:
-        """How far (bfloat16 ulps at the logit) this format's rounding may move a greedy choice."""
-        return None if self.name == "float32" else NEAR_TIE_ULPS
+        """How far (bfloat16 ulps at the logit) this format's rounding may move a greedy choice: not at
+        all in float32 or on the batch-invariant row kernels, where a replay computes the original's
+        very bits and any difference is a defect."""
+        return None if self.name == "float32" or self.batch_invariant else NEAR_TIE_ULPS
 
     @torch.no_grad()
     def prepare_target(self, model: nn.Module) -> None:

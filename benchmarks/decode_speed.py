@@ -14,9 +14,18 @@ Arms (`--arms`):
   "seeded+online". With `default` on a profile of this host, one run measures both launch paths.
 - `nolag`: `default` with the planner reading its lagged confidences as they are, uncorrected
   (core/lag_calibration.py off: the scheduler before lag calibration);
+- `fixedK` (K = 1 .. gamma): scheduled, every step's budget forced to K drafts a request (the sweep
+  the default is measured against: `default_vs_best_fixed` is the default over the best of target-only,
+  verify-all and every fixed arm in the same repeat);
 - diagnostics of what `default` pays when it drafts nothing: `dormant`, the default engine whose
   planner never drafts (no probes either; the drafter's context is still captured and staged, the
   policy and learner still run), and `dormant-nostage`, the same without staging that context.
+
+With `--controlled-acceptance A` every drafting arm drafts through `ControlledDrafter`
+(sglang_dspark/testing/controlled_drafter.py): the target's own greedy continuation (computed first by a
+target-only engine), each position replaced with probability 1 - A, confidences saying A
+(+ `--controlled-calibration-error`), at the shipped drafter's cost times `--controlled-cost`: the
+scheduler measured apart from the drafter.
 
 For each concurrency C every arm serves the same 2*C held-out chat prompts with at most C running,
 each run on a fresh engine (a run pays its own learning; with `--persistent` one engine per arm and
@@ -45,7 +54,7 @@ from pathlib import Path
 import torch
 from common import add_common_args, balanced_order, heldout_prompts, load_pair, serve_all
 DORMANT = ("dormant", "dormant-nostage")
-ARMS = ("target", "full", "default", "nolag", "online", "static", "seeded", *DORMANT)
+ARMS = ("target", "full", "default", "nolag", "online", "static", "seeded", *DORMANT, "fixedK")
 SCHEDULED = ("default", "nolag", "online", "static", "seeded", *DORMANT)
 
 
@@ -87,19 +96,31 @@ def summarize_arms(row: dict, runs: dict[str, list[dict]], arms) -> dict:
     row["default_vs_target"] = round(statistics.median(vs_target), 3)
     row["default_vs_best"] = round(statistics.median(vs_best), 3)
     row["full_vs_target"] = round(statistics.median(f / t for f, t in zip(speed["full"], speed["target"])), 3)
-    for arm in (a for a in SCHEDULED if a in arms and a != "default"):
+    fixed = [a for a in arms if is_fixed(a)]
+    if fixed:  # the best fixed budget of the sweep, target-only (0) and verify-all (gamma) included
+        best = [max(v) for v in zip(*(speed[a] for a in ("target", "full", *fixed)))]
+        row["default_vs_best_fixed_per_repeat"] = [round(d / b, 3) for d, b in zip(speed["default"], best)]
+        row["default_vs_best_fixed"] = round(statistics.median(d / b for d, b in zip(speed["default"], best)), 3)
+    for arm in (a for a in (*SCHEDULED, *fixed) if a in arms and a != "default"):
         row[f"{arm}_vs_target"] = round(statistics.median(o / t for o, t in zip(speed[arm], speed["target"])), 3)
         row[f"{arm}_vs_best"] = round(statistics.median(
             o / max(t, f) for o, t, f in zip(speed[arm], speed["target"], speed["full"])), 3)
     return row
 
 
-def engine_for(arm: str, pair, launch_profiles: dict, concurrency: int, model: str):
+def is_fixed(arm: str) -> bool:
+    return arm.startswith("fixed") and arm[5:].isdigit() and int(arm[5:]) > 0
+
+
+def engine_for(arm: str, pair, launch_profiles: dict, concurrency: int, model: str, controlled=None):
     """`launch_profiles`: "default" -> what launch resolves --profile to here, "seeded" -> the same
-    for --seed-profile (None when the seeded arm does not run)."""
+    for --seed-profile (None when the seeded arm does not run). `controlled`: drafter -> a
+    ControlledDrafter over it (--controlled-acceptance), or None."""
     from sglang_dspark.engine.engine import Engine, EngineConfig
 
     target, tokenizer, drafter = pair
+    if controlled is not None and arm != "target":
+        drafter = controlled(drafter)
     mode = {"target": "target", "full": "full"}.get(arm, "scheduled")
     resolved = launch_profiles["seeded" if arm == "seeded" else "default"]
     profile = resolved.profile
@@ -108,6 +129,11 @@ def engine_for(arm: str, pair, launch_profiles: dict, concurrency: int, model: s
     engine = Engine(target, tokenizer, drafter if mode != "target" else None, config=config, sps=sps,
                     sts_temperatures=profile.sts_temperatures(), model_name=model,
                     sps_seeded=arm in ("default", "nolag", "seeded", *DORMANT) and resolved.seed_only)
+    if controlled is not None and arm != "target":
+        drafter.bind(engine)
+    if is_fixed(arm):  # capacity int(frac * R * gamma) = K * R for every R <= concurrency
+        k = int(arm[5:])
+        engine.set_forced_budget(k / drafter.gamma + 0.5 / (concurrency * drafter.gamma))
     if arm == "nolag":
         engine.policy.planner.calibration = None
     if arm in DORMANT:
@@ -117,6 +143,29 @@ def engine_for(arm: str, pair, launch_profiles: dict, concurrency: int, model: s
         if arm == "dormant-nostage":
             engine.runner.commit = lambda rows, num_accepted, hidden, widths: None
     return engine
+
+
+def controlled_factory(args, pair, prompts):
+    """drafter -> ControlledDrafter over it, proposing the target's own greedy continuation of `prompts`
+    (computed here by a target-only engine, a block longer than the replies)."""
+    from sglang_dspark.engine.engine import Engine, EngineConfig
+    from sglang_dspark.engine.sampling import SamplingParams
+    from sglang_dspark.testing.controlled_drafter import ControlledDrafter
+
+    target, tokenizer, drafter = pair
+    engine = Engine(target, tokenizer, None, config=EngineConfig(mode="target", max_running=len(prompts), max_len=1024))
+    n = args.max_tokens + drafter.gamma + 1
+    replies = engine.generate(prompts, [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)] * len(prompts))
+    references = {tuple(p): r for p, r in zip(prompts, replies)}
+    made = [0]
+
+    def wrap(inner):
+        made[0] += 1
+        return ControlledDrafter(inner, references, args.controlled_acceptance,
+                                 calibration_error=args.controlled_calibration_error,
+                                 cost_multiple=args.controlled_cost, seed=made[0])
+
+    return wrap
 
 
 def main() -> None:
@@ -133,13 +182,21 @@ def main() -> None:
     parser.add_argument("--seed-profile", default=None,
                         help="profile of other hardware for the `seeded` arm (default: --profile with its hardware "
                              "field replaced)")
+    parser.add_argument("--controlled-acceptance", type=float, default=None,
+                        help="draft with ControlledDrafter at this per-draft acceptance (0-1) instead of the "
+                             "drafter's own proposals (default: the drafter's own)")
+    parser.add_argument("--controlled-calibration-error", type=float, default=0.0,
+                        help="added to the controlled drafter's reported confidence (default: %(default)s)")
+    parser.add_argument("--controlled-cost", type=float, default=1.0,
+                        help="the controlled drafter's cost as a multiple of the drafter's own; 0 = free "
+                             "(default: %(default)s)")
     parser.add_argument("--persistent", action="store_true",
                         help="one engine per arm and concurrency for every repeat (a server that keeps learning)")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(args.threads)
     arms = tuple(a for a in args.arms.split(",") if a)
-    unknown = set(arms) - set(ARMS)
+    unknown = {a for a in arms if not is_fixed(a)} - set(ARMS)
     if unknown or not {"target", "full", "default"} <= set(arms):
         raise SystemExit(f"--arms: need target, full and default, of {', '.join(ARMS)}; got {args.arms}")
 
@@ -178,10 +235,11 @@ def main() -> None:
         row = {"concurrency": concurrency, "requests": len(prompts)}
         runs = {arm: [] for arm in arms}
         engines = {}
+        controlled = controlled_factory(args, pair, prompts) if args.controlled_acceptance is not None else None
         for rep in range(args.repeats):  # interleaved, carry-over balanced: host drift hits every arm alike
             for arm in balanced_order(arms, rep):
                 if arm not in engines or not args.persistent:
-                    engines[arm] = engine_for(arm, pair, launch_profiles, concurrency, args.model)
+                    engines[arm] = engine_for(arm, pair, launch_profiles, concurrency, args.model, controlled)
                 engine = engines[arm]
                 runs[arm].append(run_mode(engine, prompts, params))
                 print(f"  C={concurrency:<3} {arm:<9} run {rep + 1}: {runs[arm][-1]['output_tok_s']:>8.2f} tok/s  "
@@ -191,7 +249,7 @@ def main() -> None:
         summarize_arms(row, runs, arms)
         rows.append(row)
 
-    others = [a for a in SCHEDULED if a in arms and a != "default"]
+    others = [a for a in (*SCHEDULED, *(a for a in arms if is_fixed(a))) if a in arms and a != "default"]
     header = f"\n{'C':>3} " + " ".join(f"{arm + ' tok/s':>14}" for arm in arms) + \
         f" {'tau default':>11} {'default/target':>15} {'default/best':>13}" + \
         "".join(f" {a + '/target':>15} {a + '/best':>13}" for a in others)
@@ -212,6 +270,9 @@ def main() -> None:
         "persistent_engines": args.persistent,
         "profile_mismatches": launch_profile.mismatches, "arms": list(arms),
         "max_tokens": args.max_tokens, "temperature": args.temperature, "repeats": args.repeats,
+        "controlled": None if args.controlled_acceptance is None else {
+            "acceptance": args.controlled_acceptance, "calibration_error": args.controlled_calibration_error,
+            "cost_multiple": args.controlled_cost},
         "rows": rows,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

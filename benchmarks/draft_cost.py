@@ -177,9 +177,8 @@ class Stepper:
 def samplers(temperature: float, r: int):
     from sglang_dspark.engine.sampling import SamplingBatch, SamplingParams
 
-    params = [SamplingParams(temperature=temperature, max_tokens=8, seed=i) for i in range(r)]
-    gens = [torch.Generator().manual_seed(i) for i in range(r)]
-    return SamplingBatch.build(params, gens, torch.Generator().manual_seed(0))
+    params = [SamplingParams(temperature=temperature, max_tokens=8) for _ in range(r)]
+    return SamplingBatch.build(params, torch.Generator().manual_seed(0))
 
 
 def measure(target, drafter, prompts, args, temperature: float) -> dict:

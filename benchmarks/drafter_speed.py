@@ -55,7 +55,7 @@ class Bench:
         self.anchors = torch.randint(0, drafter.config.vocab_size, (num_requests,))
         def batch(temperature: float):
             return SamplingBatch.build([SamplingParams(temperature=temperature)] * num_requests,
-                                       [None] * num_requests, torch.Generator().manual_seed(0))
+                                       torch.Generator().manual_seed(0))
         self.samplers = {"sampled": batch(1.0).draft_sampler(drafter.draft_vocab), "greedy_onehot": greedy_sampler,
                          "greedy_argmax": batch(0.0).draft_sampler(drafter.draft_vocab)}
 

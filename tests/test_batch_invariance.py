@@ -72,6 +72,26 @@ def test_a_requests_bits_are_the_same_alone_and_in_a_burst(weight_format, mode, 
     assert alone[0] == burst[0]
 
 
+@pytest.mark.parametrize("weight_format", FORMATS)
+@pytest.mark.parametrize("mode", ["full", "scheduled"])
+def test_a_seeded_requests_text_is_target_onlys_whatever_was_drafted(weight_format, mode):
+    """Sampled with a seed, speculation changes nothing of the text: every draft verified, or half
+    of them (a forced budget), in a burst, the request emits target-only's very tokens and logprobs
+    alone (verification compares drafts with the target's own keyed sample: engine/verification.py)."""
+    if cpu_rows.ops() is None:
+        pytest.skip(f"{weight_format} runs aten's kernels here, whose rows are not batch-invariant: {cpu_rows.status()}")
+    params = SamplingParams(max_tokens=24, temperature=0.8, seed=99, ignore_eos=True, logprobs=True, top_logprobs=5)
+    alone = serve(tiny_engine("target", weight_format=weight_format, prefill_chunk=CHUNK), [PROMPT], params)[0]
+    engine = tiny_engine(mode, weight_format=weight_format, prefill_chunk=CHUNK)
+    if mode == "scheduled":
+        engine.policy.forced_budget_frac = 0.5
+    prompts, index = BURSTS["shared-forward"]
+    burst = serve(engine, prompts, params)[index]
+    assert sum(r.accepted_drafts for r in engine.records) > 0  # drafts were verified, and some survived
+    assert alone[1] == burst[1], "the emitted tokens' logprobs differ"
+    assert alone[0] == burst[0]
+
+
 def rounds_by_row_count(linear, x):
     """A prompt Linear whose result moves by a few ulps with its row count: what oneDNN's bfloat16
     GEMM does on an AMX Xeon (another blocking for another row count), on any CPU."""

@@ -205,7 +205,7 @@ def test_the_margin_at_the_first_difference_is_in_bfloat16_ulps_of_the_replays_l
 
 
 def _replayed(expected: list[int], output: list[int], margin: float | None) -> Request:
-    req = Request("canary-1-req-7", [5, 6], SamplingParams(temperature=0.0), lambda out: None, None, arrival=0.0)
+    req = Request("canary-1-req-7", [5, 6], SamplingParams(temperature=0.0), lambda out: None, arrival=0.0)
     req.tokens += output
     req.replay_of, req.expected, req.finish_reason, req.divergence_margin = "req-7", expected, "length", margin
     return req
@@ -247,11 +247,11 @@ def test_a_difference_within_the_formats_rounding_is_a_near_tie_and_beyond_it_a_
 def test_a_replay_knows_the_original_ended_on_eos():
     canary = Canary(1.0)
     for ended in (True, False):
-        original = Request("req-1", [5, 6], SamplingParams(temperature=0.0), lambda out: None, None, arrival=0.0)
+        original = Request("req-1", [5, 6], SamplingParams(temperature=0.0), lambda out: None, arrival=0.0)
         original.tokens += [7, 8]
         original.finish_reason, original.ended_on_eos = "stop", ended
         canary.consider(original)
-        replay = canary.next_request(lambda r: Request("canary-1", r.prompt_ids, r.params, lambda out: None, None,
+        replay = canary.next_request(lambda r: Request("canary-1", r.prompt_ids, r.params, lambda out: None,
                                                        arrival=0.0))
         assert replay.expected == [7, 8] and replay.expected_eos is ended
 

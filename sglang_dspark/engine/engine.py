@@ -175,9 +175,7 @@ class Engine:
         rid = request_id or f"req-{next(self._ids)}"
         if rid in self.scheduler:
             raise ValueError(f"rid: a request with id {rid!r} is already in flight")
-        generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
-        self.scheduler.add(self._constrained(Request(rid, prompt_ids, params, callback, generator,
-                                                     arrival=self.clock())))
+        self.scheduler.add(self._constrained(Request(rid, prompt_ids, params, callback, arrival=self.clock())))
         return rid
 
     def _constrained(self, req: Request) -> Request:
@@ -310,8 +308,9 @@ class Engine:
                   and (s := r.speed(now)) is not None]  # a canary replay never drafts: not a user's speed
         return min(speeds, default=None)
 
-    def _sampling(self, reqs: list[Request]) -> SamplingBatch:
-        return SamplingBatch.build([r.params for r in reqs], [r.generator for r in reqs], self._generator)
+    def _sampling(self, reqs: list[Request], anchor_pos: list[int]) -> SamplingBatch:
+        """The requests' sampling; `anchor_pos`: where each one's next token is sampled from (minus one)."""
+        return SamplingBatch.build([r.params for r in reqs], self._generator, anchor_pos)
 
     # ---- run -----------------------------------------------------------------------------------
     def _run_prefill(self, chunks: list[PrefillChunk]) -> PrefillResult:
@@ -326,7 +325,7 @@ class Engine:
         done = [i for i, c in enumerate(chunks) if c.start + len(c.tokens) == c.request.num_prompt]
         if done:  # the first output token comes from the prompt's last position
             reqs = [chunks[i].request for i in done]
-            batch = self._sampling(reqs)
+            batch = self._sampling(reqs, [r.num_prompt - 1 for r in reqs])
             first_logits = constrain_rows(batch.biased(logits[done]), [r.grammar for r in reqs])
             first = batch.sample(batch.probs(first_logits))
             result.first_tokens = dict(zip(done, first.tolist()))
@@ -335,7 +334,7 @@ class Engine:
     def _run_decode(self, reqs: list[Request], plan: DraftPlan) -> DecodeResult:
         start = self.clock()
         rows = [DecodeRow(r.slot, r.kv_len, r.tokens[r.kv_len]) for r in reqs]
-        batch = self._sampling(reqs)
+        batch = self._sampling(reqs, [r.anchor_pos for r in rows])
         lens = torch.zeros(len(reqs), dtype=torch.int64)
         drafts = probs = conf = conf_logits = None
         grammars = [r.grammar for r in reqs]
@@ -440,7 +439,7 @@ class Engine:
     def _replay_request(self, replay: Replay) -> Request:
         # a constrained original is replayed under its grammar: else every replay would mismatch
         return self._constrained(Request(f"canary-{next(self._ids)}-{replay.original_id}", replay.prompt_ids,
-                                         replay_params(replay.params), lambda out: None, None, arrival=self.clock()))
+                                         replay_params(replay.params), lambda out: None, arrival=self.clock()))
 
     def _release_replay(self, req: Request) -> None:
         self.policy.release(req.id)

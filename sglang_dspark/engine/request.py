@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
-
 from sglang_dspark.engine.sampling import SamplingParams
 
 FINISH_REASONS = ("stop", "length", "abort")
@@ -55,7 +53,6 @@ class Request:
     prompt_ids: list[int]
     params: SamplingParams
     callback: Callable[[RequestOutput], None]
-    generator: torch.Generator | None
     arrival: float  # engine clock
     slot: int = -1
     tokens: list[int] = field(default_factory=list)

@@ -5,6 +5,12 @@ processing as the target side (temperature, top-k, top-p): the closer the two, t
 survive. Greedy requests (temperature 0) take the argmax on both sides. A request's logit_bias is added to
 the raw logits before all of that, on the target's side and the drafter's, so the output is
 exactly the biased target's (OpenAI's semantics: bias, then sampling).
+
+A seeded request draws the number for the token at each position from its seed and that position
+(`core/sampling.keyed_uniforms`), and every categorical draw walks the vocabulary in token-id order, so
+its draft and the target's own sample at a position are coupled: verification accepts a seeded draft
+where it is the token the target samples there (engine/verification.py), and the output is the
+target's own sample at every position, the same text whatever was drafted or batched beside it.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sglang_dspark.core.sampling import inverse_cdf
+from sglang_dspark.core.sampling import inverse_cdf, keyed_uniforms
 from sglang_dspark.drafter.sampling import argmax_sampler
 
 
@@ -68,28 +74,36 @@ class SamplingParams:
 class SamplingBatch:
     """The sampling parameters of R requests as tensors, plus each request's random source.
 
-    Rows with a seed draw from their own generator, so a seeded request's output does not depend
-    on what else is in the batch; the others share the engine's generator.
+    A row with a seed draws the number for the token at position n from (seed, n) alone, so its text
+    depends on nothing else in the batch or the step; the others share the engine's generator.
+    `anchor_pos` [R]: each row's anchor position, the token sampled at offset j being at anchor + 1 + j
+    (every sampling call on a batch with seeded rows needs it).
     """
 
     temperature: torch.Tensor  # float32 [R]
     top_p: torch.Tensor  # float32 [R]
     top_k: torch.Tensor  # int64 [R]
-    generators: list[torch.Generator | None]
+    seeds: list[int | None]
     shared: torch.Generator = field(default_factory=torch.Generator)
     # logit_bias of all rows as (row, token id, value) columns; None when no row has one
     bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    anchor_pos: list[int] | None = None
 
     @classmethod
-    def build(cls, params: list[SamplingParams], generators: list[torch.Generator | None], shared: torch.Generator):
+    def build(cls, params: list[SamplingParams], shared: torch.Generator, anchor_pos: list[int] | None = None):
         return cls(
             temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32),
             top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32),
             top_k=torch.tensor([p.top_k for p in params], dtype=torch.int64),
-            generators=generators,
+            seeds=[p.seed for p in params],
             shared=shared,
             bias=_bias_columns(params),
+            anchor_pos=anchor_pos,
         )
+
+    def seeded_sampled(self) -> list[int]:
+        """Rows sampled (not greedy) with a seed: verified against the target's own keyed sample."""
+        return [i for i, seed in enumerate(self.seeds) if seed is not None and float(self.temperature[i]) > 0]
 
     def biased(self, logits: torch.Tensor, lens: torch.Tensor | None = None,
                vocab: torch.Tensor | None = None) -> torch.Tensor:
@@ -142,18 +156,30 @@ class SamplingBatch:
         onehot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
         return torch.where(self.greedy.view(shape), onehot, probs)
 
-    def uniform(self, *trailing: int) -> torch.Tensor:
-        """Uniform [0, 1) numbers [R, *trailing], each row from its own generator if it has one."""
-        rows = len(self.generators)
-        out = torch.rand((rows, *trailing), generator=self.shared)
-        for r, gen in enumerate(self.generators):
-            if gen is not None:
-                out[r] = torch.rand(trailing, generator=gen)
+    def keyed(self, rows: list[int], offsets: range) -> torch.Tensor:
+        """float64 uniforms [len(rows), len(offsets)] of seeded rows: for the tokens at anchor + 1 + j."""
+        if self.anchor_pos is None:
+            raise ValueError("a batch with seeded rows needs their anchor positions to sample")
+        pairs = [(self.seeds[r], self.anchor_pos[r] + 1 + j) for r in rows for j in offsets]
+        return keyed_uniforms([s for s, _ in pairs], [p for _, p in pairs]).view(len(rows), len(offsets))
+
+    def uniform(self, offset: int = 0) -> torch.Tensor:
+        """One uniform [0, 1) per row (float64 [R]) for the token at anchor + 1 + offset: a seeded row's
+        keyed by its seed and that position, the others from the shared generator."""
+        out = torch.rand(len(self.seeds), generator=self.shared, dtype=torch.float64)
+        seeded = [i for i, seed in enumerate(self.seeds) if seed is not None]
+        if seeded:
+            out[seeded] = self.keyed(seeded, range(offset, offset + 1))[:, 0]
         return out
 
-    def sample(self, probs: torch.Tensor) -> torch.Tensor:
-        """One token per row of probs [R, V], each row with its own random number."""
-        return inverse_cdf(probs, self.uniform())
+    def sample(self, probs: torch.Tensor, offset: int = 0, columns: torch.Tensor | None = None) -> torch.Tensor:
+        """One token per row of probs [R, V] (the token at anchor + 1 + offset). `columns`: the token id
+        of each column (a draft vocabulary), walked in id order so that a seeded draft is coupled to
+        the target's own sample; the result is then a column index."""
+        if columns is None:
+            return inverse_cdf(probs, self.uniform(offset))
+        order = torch.argsort(columns)
+        return order[inverse_cdf(probs[:, order], self.uniform(offset))]
 
     def draft_sampler(self, vocab: torch.Tensor | None = None):
         """The drafter's per-position sampler: (logits [R, V], k) -> (tokens [R], probs [R, V]);
@@ -169,7 +195,7 @@ class SamplingBatch:
 
         def sample(logits: torch.Tensor, k: int):
             probs = self.probs(self.biased(logits, vocab=vocab))
-            return self.sample(probs), probs
+            return self.sample(probs, offset=k, columns=vocab), probs
 
         return sample
 

@@ -1,14 +1,19 @@
 """Verification of one decode step: each request's drafts against the target's ragged logits.
 
 Greedy requests compare argmaxes; sampled ones run rejection sampling against the distribution
-each draft was drawn from, processed with the request's own temperature / top-k / top-p. Seeded
-requests draw from their own generator, so their output does not depend on the batch.
+each draft was drawn from, processed with the request's own temperature / top-k / top-p. A seeded
+sampled request compares its drafts with the target's own sample at each position, drawn with the
+number its seed keys to that position (engine/sampling.py): drafted with the same number, a draft
+survives where it is that sample, and the output is the target's own sample at every position, so
+its text does not depend on the batch, the load or what was drafted. Exact too: each token is an
+inverse-CDF sample of the target's distribution at a uniform no earlier token depended on.
 """
 
 from __future__ import annotations
 
 import torch
 
+from sglang_dspark.core.sampling import inverse_cdf
 from sglang_dspark.core.verify import verify_chain, verify_chain_greedy, verify_chain_greedy_argmax
 from sglang_dspark.engine.sampling import SamplingBatch
 
@@ -29,6 +34,7 @@ def verify_step(batch: SamplingBatch, drafts: torch.Tensor | None, draft_probs: 
     width = int(lens.max()) if R else 0
     if width == 0:  # nothing to verify (one row per request): sample the next token from it
         return torch.zeros(R, dtype=torch.int64), batch.sample(batch.probs(ragged_logits))
+    seeded = batch.seeded_sampled()
     drafts = drafts[:, :width]
     greedy = batch.greedy
     if bool(greedy.all()):  # argmax before padding: pad [T] ids, not [T, V] logits; no draft probs read
@@ -44,13 +50,14 @@ def verify_step(batch: SamplingBatch, drafts: torch.Tensor | None, draft_probs: 
         g = greedy.nonzero().squeeze(-1)
         num_acc[g], nxt[g] = verify_chain_greedy(drafts[g], logits[g], lens[g])
     target_probs = batch.probs(logits)
-    # Unseeded sampled rows share one vectorised call; a seeded row uses its own generator.
-    unseeded = [i for i in range(R) if not greedy[i] and batch.generators[i] is None]
-    groups = [(unseeded, shared)] + [([i], batch.generators[i]) for i in range(R)
-                                     if not greedy[i] and batch.generators[i] is not None]
-    for rows, gen in groups:
-        if rows:
-            idx = torch.tensor(rows)
-            num_acc[idx], nxt[idx] = verify_chain(drafts[idx], draft_probs[idx], target_probs[idx], lens[idx],
-                                                  generator=gen)
+    if seeded:  # the target's own keyed sample at every verify row, compared like an argmax
+        idx = torch.tensor(seeded)
+        u = batch.keyed(seeded, range(width + 1))
+        own = inverse_cdf(target_probs[idx].flatten(0, 1), u.flatten()).view(len(seeded), width + 1)
+        num_acc[idx], nxt[idx] = verify_chain_greedy_argmax(drafts[idx], own, lens[idx])
+    unseeded = [i for i in range(R) if not greedy[i] and batch.seeds[i] is None]
+    if unseeded:  # one vectorised rejection-sampling call over the shared generator
+        idx = torch.tensor(unseeded)
+        num_acc[idx], nxt[idx] = verify_chain(drafts[idx], draft_probs[idx], target_probs[idx], lens[idx],
+                                              generator=shared)
     return num_acc, nxt

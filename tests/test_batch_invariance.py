@@ -93,7 +93,7 @@ def test_a_seeded_requests_text_is_target_onlys_whatever_was_drafted(weight_form
 
 
 def rounds_by_row_count(linear, x):
-    """A prompt Linear whose result moves by a few ulps with its row count: what oneDNN's bfloat16
+    """A Linear whose result moves by a few ulps with its row count: what oneDNN's bfloat16
     GEMM does on an AMX Xeon (another blocking for another row count), on any CPU."""
     y = ROW_PATH(linear, x)
     up = torch.full_like(y, float("inf"))
@@ -103,6 +103,23 @@ def rounds_by_row_count(linear, x):
 
 
 ROW_PATH = None
+
+
+@pytest.mark.parametrize("weight_format", FORMATS)
+@pytest.mark.parametrize("mode", ["target", "full"])
+def test_the_bursts_batch_decode_and_verify_rows_with_other_row_counts(weight_format, mode, monkeypatch):
+    """The burst test's power: with decode and verify rows through a Linear that rounds by its row
+    count (a reduction whose order depends on the batch), the request's bits differ alone and in the
+    burst, so the equality above is about the kernels, not a burst that never batched the rows."""
+    if cpu_rows.ops() is None:
+        pytest.skip(f"row kernels unavailable: {cpu_rows.status()}")
+    global ROW_PATH
+    from sglang_dspark.engine import target_model
+
+    ROW_PATH = target_model.call
+    monkeypatch.setattr(target_model, "call", rounds_by_row_count)
+    with pytest.raises(AssertionError):
+        test_a_requests_bits_are_the_same_alone_and_in_a_burst(weight_format, mode, "shared-forward", 0.0)
 
 
 @pytest.mark.parametrize("burst", BURSTS)

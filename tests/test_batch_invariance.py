@@ -55,9 +55,7 @@ def serve(engine, prompts: list[list[int]], params: SamplingParams) -> list[tupl
 @pytest.mark.parametrize("mode", ["target", "full"])
 @pytest.mark.parametrize("temperature", [0.0, 0.8], ids=["greedy", "seeded-T0.8"])
 def test_a_requests_bits_are_the_same_alone_and_in_a_burst(weight_format, mode, burst, temperature):
-    """Greedy, and sampled with a seed (the request's own generator draws the same numbers whatever
-    shares its step, as long as its drafts and their count do not change: target-only, or every draft
-    verified)."""
+    """Greedy, and sampled with a seed (its numbers keyed by seed and position: engine/sampling.py)."""
     if weight_format in ("int8", "int4") and cpu_rows.ops() is None:
         pytest.skip(f"{weight_format} runs aten's kernels here, whose rows are not batch-invariant: "
                     f"{cpu_rows.status()}")

@@ -55,7 +55,7 @@ class SamplingParams:
             raise ValueError(f"top_p: must be in (0, 1], got {self.top_p}")
         if not 0 <= self.top_k < 2**63:  # 0: none; any k at or above the vocabulary is none too (probs)
             raise ValueError(f"top_k: must be >= 0 (0 or -1: no top-k), got {self.top_k}")
-        if self.seed is not None and not 0 <= self.seed < 2**64:  # what a torch.Generator takes
+        if self.seed is not None and not 0 <= self.seed < 2**64:  # a 64-bit key (core/sampling.keyed_uniforms)
             raise ValueError(f"seed: must be in [0, 2**64), got {self.seed}")
         if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"top_logprobs: must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")

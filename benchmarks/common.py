@@ -41,6 +41,13 @@ def balanced_order(arms, repeat: int) -> list:
     return [arms[i] for i in rows[repeat % len(rows)]]
 
 
+def force_drafts_per_request(engine, k: int, max_requests: int) -> None:
+    """Fix `engine`'s verify budget at k drafts a request for any batch of up to `max_requests`: the
+    forced fraction's capacity is int(frac * R * gamma), so k / gamma alone can round down to k * R - 1."""
+    gamma = engine.gamma
+    engine.set_forced_budget(k / gamma + 0.5 / (max_requests * gamma))
+
+
 def heldout_prompts(tokenizer, count: int) -> list[list[int]]:
     """`count` chat-templated prompt ids, cycling through the built-in held-out split."""
     from sglang_dspark.prompts import load_prompts

@@ -52,9 +52,9 @@ import statistics
 from pathlib import Path
 
 import torch
-from common import add_common_args, balanced_order, heldout_prompts, load_pair, serve_all
+from common import add_common_args, balanced_order, force_drafts_per_request, heldout_prompts, load_pair, serve_all
 DORMANT = ("dormant", "dormant-nostage")
-ARMS = ("target", "full", "default", "nolag", "online", "static", "seeded", *DORMANT, "fixedK")
+ARMS = ("target", "full", "default", "nolag", "online", "static", "seeded", *DORMANT)
 SCHEDULED = ("default", "nolag", "online", "static", "seeded", *DORMANT)
 
 
@@ -131,9 +131,8 @@ def engine_for(arm: str, pair, launch_profiles: dict, concurrency: int, model: s
                     sps_seeded=arm in ("default", "nolag", "seeded", *DORMANT) and resolved.seed_only)
     if controlled is not None and arm != "target":
         drafter.bind(engine)
-    if is_fixed(arm):  # capacity int(frac * R * gamma) = K * R for every R <= concurrency
-        k = int(arm[5:])
-        engine.set_forced_budget(k / drafter.gamma + 0.5 / (concurrency * drafter.gamma))
+    if is_fixed(arm):
+        force_drafts_per_request(engine, int(arm[5:]), concurrency)
     if arm == "nolag":
         engine.policy.planner.calibration = None
     if arm in DORMANT:
@@ -175,7 +174,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=96, help="completion tokens per request")
     parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs of every arm; the median is reported")
-    parser.add_argument("--arms", default="target,full,default,online", help=f"comma-separated, of {', '.join(ARMS)}")
+    parser.add_argument("--arms", default="target,full,default,online",
+                        help=f"comma-separated, of {', '.join(ARMS)}, fixedK (K drafts a request)")
     parser.add_argument("--force-mismatch", action="store_true",
                         help="treat --profile as measured on other hardware (its hardware field replaced), so "
                              "`default` runs the seeded path even on the host that captured it")
@@ -198,7 +198,7 @@ def main() -> None:
     arms = tuple(a for a in args.arms.split(",") if a)
     unknown = {a for a in arms if not is_fixed(a)} - set(ARMS)
     if unknown or not {"target", "full", "default"} <= set(arms):
-        raise SystemExit(f"--arms: need target, full and default, of {', '.join(ARMS)}; got {args.arms}")
+        raise SystemExit(f"--arms: need target, full and default, of {', '.join(ARMS)}, fixedK; got {args.arms}")
 
     from sglang_dspark import zoo
     from sglang_dspark.engine.sampling import SamplingParams

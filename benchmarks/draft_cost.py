@@ -34,7 +34,7 @@ from collections import defaultdict
 
 import torch
 
-from common import add_common_args, heldout_prompts, load_pair, write_result
+from common import add_common_args, balanced_order, force_drafts_per_request, heldout_prompts, load_pair, write_result
 
 
 class Probe:
@@ -255,14 +255,12 @@ def engine_steps(target, tokenizer, drafter, prompts, args) -> dict:
     arms = {"target-only": ("target-only", None), "budget 0": ("dspark", 0),
             "1 draft a request": ("dspark", 1), "3 drafts a request": ("dspark", 3)}
     samples = {a: defaultdict(list) for a in arms}
-    from common import balanced_order
-
     for i in range(steps):
         for arm in balanced_order(list(arms), i):
             name, k = arms[arm]
             engine = engines[name]
-            if k is not None:  # capacity int(frac * R * gamma) = k * R exactly
-                engine.set_forced_budget(k / gamma + 0.5 / (r * gamma))
+            if k is not None:
+                force_drafts_per_request(engine, k, r)
             before = engine.records.total
             engine.step()
             rec = engine.records.since(before)

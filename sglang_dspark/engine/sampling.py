@@ -172,14 +172,13 @@ class SamplingBatch:
             out[seeded] = self.keyed(seeded, range(offset, offset + 1))[:, 0]
         return out
 
-    def sample(self, probs: torch.Tensor, offset: int = 0, columns: torch.Tensor | None = None) -> torch.Tensor:
-        """One token per row of probs [R, V] (the token at anchor + 1 + offset). `columns`: the token id
-        of each column (a draft vocabulary), walked in id order so that a seeded draft is coupled to
-        the target's own sample; the result is then a column index."""
-        if columns is None:
+    def sample(self, probs: torch.Tensor, offset: int = 0, id_order: torch.Tensor | None = None) -> torch.Tensor:
+        """One token per row of probs [R, V] (the token at anchor + 1 + offset). `id_order`: the columns
+        in token-id order (argsort of a draft vocabulary's ids), walked so that a seeded draft is coupled
+        to the target's own sample; the result is still a column index."""
+        if id_order is None:
             return inverse_cdf(probs, self.uniform(offset))
-        order = torch.argsort(columns)
-        return order[inverse_cdf(probs[:, order], self.uniform(offset))]
+        return id_order[inverse_cdf(probs[:, id_order], self.uniform(offset))]
 
     def draft_sampler(self, vocab: torch.Tensor | None = None):
         """The drafter's per-position sampler: (logits [R, V], k) -> (tokens [R], probs [R, V]);
@@ -193,9 +192,11 @@ class SamplingBatch:
                 return argmax_sampler
             return lambda logits, k: argmax_sampler(self.biased(logits, vocab=vocab), k)
 
+        id_order = None if vocab is None else torch.argsort(vocab)  # once a block, not once a position
+
         def sample(logits: torch.Tensor, k: int):
             probs = self.probs(self.biased(logits, vocab=vocab))
-            return self.sample(probs, offset=k, columns=vocab), probs
+            return self.sample(probs, offset=k, id_order=id_order), probs
 
         return sample
 

@@ -34,7 +34,6 @@ def verify_step(batch: SamplingBatch, drafts: torch.Tensor | None, draft_probs: 
     width = int(lens.max()) if R else 0
     if width == 0:  # nothing to verify (one row per request): sample the next token from it
         return torch.zeros(R, dtype=torch.int64), batch.sample(batch.probs(ragged_logits))
-    seeded = batch.seeded_sampled()
     drafts = drafts[:, :width]
     greedy = batch.greedy
     if bool(greedy.all()):  # argmax before padding: pad [T] ids, not [T, V] logits; no draft probs read
@@ -50,6 +49,7 @@ def verify_step(batch: SamplingBatch, drafts: torch.Tensor | None, draft_probs: 
         g = greedy.nonzero().squeeze(-1)
         num_acc[g], nxt[g] = verify_chain_greedy(drafts[g], logits[g], lens[g])
     target_probs = batch.probs(logits)
+    seeded = batch.seeded_sampled()
     if seeded:  # the target's own keyed sample at every verify row, compared like an argmax
         idx = torch.tensor(seeded)
         u = batch.keyed(seeded, range(width + 1))

@@ -28,6 +28,7 @@ import time
 import torch
 
 from sglang_dspark.drafter.model import DraftOutput
+from sglang_dspark.drafter.sampling import is_argmax
 
 
 class ControlledDrafter:
@@ -89,7 +90,8 @@ class ControlledDrafter:
             self.placed += 1
         wrong = torch.rand(r, gamma, generator=self.generator) >= self.acceptance
         tokens[wrong] = (tokens[wrong] + 1) % vocab  # another token: the target's greedy choice is the reference
-        sampled = out.probs is not None if out is not None else not _is_argmax(sampler)
+        # the wrapped drafter's own default (no sampler) samples at temperature 1, reporting probs
+        sampled = out.probs is not None if out is not None else sampler is None or not is_argmax(sampler)
         probs = torch.nn.functional.one_hot(tokens, vocab).float() if sampled else None
         conf = min(max(self.acceptance + self.calibration_error, 1e-4), 1 - 1e-4)
         logits = torch.full((r, gamma), math.log(conf / (1 - conf)))
@@ -97,9 +99,3 @@ class ControlledDrafter:
         if sts is not None:  # the engine divides by its STS temperatures: the planner reads `conf`
             logits = logits * sts.to(torch.float32)[:gamma]
         return DraftOutput(tokens=tokens, probs=probs, conf_logits=logits)
-
-
-def _is_argmax(sampler) -> bool:
-    from sglang_dspark.drafter.sampling import is_argmax
-
-    return sampler is None or is_argmax(sampler)

@@ -259,3 +259,44 @@ def test_a_steps_rows_staged_at_once_equal_each_staged_alone():
         assert torch.equal(together.v[:, slot, :n], alone.v[:, slot, :n]), slot
     with pytest.raises(ValueError, match="at most once"):
         together.stage_rows([1, 1], [together.lengths[1]] * 2, torch.randn(2, feat), [0, 1], [1, 1])
+
+
+def test_undrafted_steps_staged_on_the_fast_path_equal_the_general_path():
+    """A step that drafted nothing (one row a slot) is staged without per-row branching; it must leave
+    what the general path leaves: slots joining on the way, buffers filling (STAGE_ROWS), a drafted
+    step's rewrite between, rows taken from their offsets."""
+    from sglang_dspark.drafter.model import STAGE_ROWS
+
+    torch.manual_seed(1)
+    drafter = tiny_drafter()
+    feat = len(drafter.config.target_layer_ids) * drafter.config.hidden_size
+    fast = DraftKVCache(drafter, num_slots=3, max_len=2 * STAGE_ROWS + 64)
+    general = DraftKVCache(drafter, num_slots=3, max_len=2 * STAGE_ROWS + 64)
+    general._append_one_each = lambda *args: False
+    taken = []
+    fast_path = fast._append_one_each
+    fast._append_one_each = lambda *args: taken.append(fast_path(*args)) or taken[-1]
+    for slot in range(3):
+        prompt = torch.randn(5 + slot, feat)
+        for cache in (fast, general):
+            cache.stage(slot, 0, prompt)
+    for step in range(STAGE_ROWS + 40):
+        slots = [0, 1, 2] if step % 7 else [2, 0]
+        if step == 100:  # a drafted step: slot 1 commits 3 rows, then rewrites its last one
+            for cache in (fast, general):
+                cache.stage_rows([1], [cache.lengths[1]], torch.ones(3, feat), [0], [3])
+                cache.stage_rows([1], [cache.lengths[1] - 1], torch.zeros(1, feat), [0], [1])
+        if step in (30, 31, 200):  # a draft for slot 0: its buffer is projected and starts anew
+            for cache in (fast, general):
+                cache.flush([0])
+        hidden = torch.randn(2 * len(slots), feat)
+        offsets = [2 * i + (step % 2) for i in range(len(slots))]
+        for cache in (fast, general):
+            cache.stage_rows(slots, [cache.lengths[s] for s in slots], hidden, offsets, [1] * len(slots))
+    assert sum(taken) > STAGE_ROWS and not all(taken)  # both paths ran in `fast`
+    assert fast.lengths == general.lengths
+    fast.flush()
+    general.flush()
+    for slot, n in enumerate(fast.lengths):
+        assert torch.equal(fast.k[:, slot, :n], general.k[:, slot, :n]), slot
+        assert torch.equal(fast.v[:, slot, :n], general.v[:, slot, :n]), slot

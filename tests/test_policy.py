@@ -179,3 +179,20 @@ def test_the_exploration_question_is_answered_once_per_batch_size_not_on_every_p
     probes = sum(p.probe for p in plans)
     assert probes >= 4 and policy._probe_interval == 64  # backed off: exploration said no budget pays
     assert len(calls) <= 2 * probes + 2, (len(calls), probes)
+
+
+def test_each_step_is_priced_by_the_table_in_force_when_it_ran():
+    """on_step memoises the table's step prices; a refit replaces the table and with it every price:
+    what a step returns is always 1 / SPS of the table the planner read for that step."""
+    table = SpsTable.from_points([1, 8], [20.0, 10.0], max_batch_tokens=40)
+    policy = SpeculationPolicy("scheduled", GAMMA, table, learn=True)
+    tables, now = set(), 0.0
+    for step in range(60):
+        num = 1 + step % 3
+        seconds = 0.030 * num  # this host is slower than the profile: the learner refits
+        expected = 1.0 / policy.sps(num, num_requests=num, drafted=False)
+        tables.add(id(policy.sps))
+        predicted = policy.on_step(policy.plan([f"r{i}" for i in range(num)]), num, num, num, False, now, now + seconds)
+        assert predicted == expected, step
+        now += seconds + 0.001
+    assert len(tables) > 2  # the table was replaced on the way

@@ -338,6 +338,8 @@ class DraftKVCache:
         a copy per request were most of what staging cost a step); the rest go one by one."""
         if len(set(slots)) != len(slots):  # a slot's pending rows would be flushed before they are written
             raise ValueError(f"slots {slots}: each slot at most once a call")
+        if self._append_one_each(slots, starts, hidden, offsets, counts):
+            return
         dst_slot, dst_row, src = [], [], []
         for slot, start, offset, n in zip(slots, starts, offsets, counts):
             end = start + n
@@ -371,6 +373,29 @@ class DraftKVCache:
                 self._buf[dst_slot[0], dst_row[0]:dst_row[-1] + 1] = picked
             else:
                 self._buf[torch.tensor(dst_slot), torch.tensor(dst_row)] = picked.to(self._buf.dtype)
+
+    def _append_one_each(self, slots, starts, hidden, offsets, counts) -> bool:
+        """The step that drafted nothing: one row a slot, each extending its buffer. Staged with no
+        per-row branching (an engine that is not drafting pays staging every step, so it must cost
+        what a target-only step does not notice). False, and nothing staged, when any row is not so."""
+        lengths, used, buf_start = self.lengths, self.buf_used, self.buf_start
+        if not slots:
+            return False
+        for slot, start, n in zip(slots, starts, counts):
+            u = used[slot]
+            if (n != 1 or start != lengths[slot] or start >= self.max_len or u >= STAGE_ROWS
+                    or (u and buf_start[slot] + u != start)):
+                return False
+        rows = [used[slot] for slot in slots]
+        for slot, start in zip(slots, starts):
+            if not used[slot]:
+                buf_start[slot] = start
+            used[slot] += 1
+            lengths[slot] = start + 1
+        src = hidden[offsets[0]:offsets[0] + len(offsets)] if offsets == list(range(offsets[0], offsets[0] + len(offsets))) \
+            else hidden[torch.tensor(offsets)]
+        self._buf[torch.tensor(slots), torch.tensor(rows)] = src.to(self._buf.dtype)
+        return True
 
     def truncate(self, slot: int, length: int) -> None:
         self.lengths[slot] = min(self.lengths[slot], int(length))

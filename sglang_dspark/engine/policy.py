@@ -76,6 +76,7 @@ class SpeculationPolicy:
         self.warmup_steps = warmup_steps
         self.clock = clock or (lambda: 0.0)
         self._undrafted_memo: tuple | None = None  # (table, R, seconds)
+        self._price_memo: tuple = (None, {})  # (table, {(tokens, requests, drafted): seconds})
         # refits on the engine's thread take at most LEARNER_FIT_SHARE of its step time (timed on its clock)
         self.learner = (OnlineSpsEstimator(prior=sps, fit_share=LEARNER_FIT_SHARE, clock=self.clock)
                         if learn and gamma and mode == "scheduled" else None)
@@ -226,7 +227,7 @@ class SpeculationPolicy:
         gap = None if self._last_decode_end is None else start - self._last_decode_end
         self._last_decode_end = end
         self.steps += 1
-        predicted = None if self.sps.is_flat else 1.0 / self.sps(num_tokens, num_requests=num_requests, drafted=drafted)
+        predicted = None if self.sps.is_flat else self._predicted_seconds(num_tokens, num_requests, drafted)
         if predicted is not None:
             self._errors.append(abs(predicted - seconds) / seconds)
             self._step_ratios.append(seconds / predicted)
@@ -246,6 +247,18 @@ class SpeculationPolicy:
             # a tier is a promise: price steps at the 90th percentile of measured / predicted
             self.planner.time_scale = float(np.quantile(np.fromiter(self._step_ratios, float), 0.9))
         return predicted
+
+    def _predicted_seconds(self, num_tokens: int, num_requests: int, drafted: bool) -> float:
+        """The table's price of a step, memoised per table: a busy server repeats the same few
+        (tokens, requests, drafted) steps, and pricing each anew was a visible share of a plain step."""
+        if self._price_memo[0] is not self.sps:
+            self._price_memo = (self.sps, {})
+        prices, key = self._price_memo[1], (num_tokens, num_requests, drafted)
+        if key not in prices:
+            if len(prices) > 4096:
+                prices.clear()
+            prices[key] = 1.0 / self.sps(num_tokens, num_requests=num_requests, drafted=drafted)
+        return prices[key]
 
     def _undrafted_seconds(self, num_requests: int) -> float:
         """The table's plain step at this batch size, kept until the table or the size changes

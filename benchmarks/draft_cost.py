@@ -170,8 +170,8 @@ class Stepper:
         self.hidden = None
         return staged
 
-    def draft(self, sampler):
-        return self.runner.draft(self.rows(), sampler)
+    def draft(self, sampler, block=None):
+        return self.runner.draft(self.rows(), sampler, block)
 
 
 def samplers(temperature: float, r: int):
@@ -196,14 +196,14 @@ def measure(target, drafter, prompts, args, temperature: float) -> dict:
         try:
             t0 = time.perf_counter()
             stepper.runner.draft_cache.flush()  # what draft() flushes first, timed on its own
-            stepper.draft(batch.draft_sampler(vocab))
+            stepper.draft(batch.draft_sampler(vocab), args.block)
             sink["probed draft"] += time.perf_counter() - t0
         finally:
             remove()
         # the same step's draft, uninstrumented
         stepper.commit()
         t0 = time.perf_counter()
-        stepper.draft(batch.draft_sampler(vocab))
+        stepper.draft(batch.draft_sampler(vocab), args.block)
         whole = time.perf_counter() - t0
         # the target's forward over 1, 2 and 4 rows a request
         verify = {}
@@ -296,6 +296,9 @@ def main() -> None:
                         "(default: %(default)s)")
     p.add_argument("--shapes", default="shipped", help="drafter shapes, comma-separated: shipped, gN (block size), "
                    "lN (layers), vS (hot vocabulary), gated / rnn, joined by '-' (default: %(default)s)")
+    p.add_argument("--block", type=int, default=None,
+                   help="draft blocks cut to this many positions, as a step whose budget is that many drafts a "
+                        "request drafts them (default: the whole block; the engine steps cut as the engine does)")
     p.add_argument("--no-engine-steps", dest="engine_steps", action="store_false",
                    help="skip the whole engine steps (target-only, and budgets of 0, 1 and 3 drafts a request)")
     args = p.parse_args()
@@ -314,9 +317,10 @@ def main() -> None:
                     f"{'all' if drafter.draft_vocab is None else drafter.draft_vocab.numel()}, {cfg.markov_head_type} Markov")
             for r in request_counts:
                 med = measure(target, drafter, prompts[:r], args, args.temperature)
-                results[f"{shape} R={r}"] = {"shape": shape, "describe": desc, "requests": r, "ms": med}
+                results[f"{shape} R={r}"] = {"shape": shape, "describe": desc, "requests": r, "block": args.block, "ms": med}
                 t0 = med["target forward, 1 rows a request"]
-                print(f"\n{shape} ({desc}), R = {r}, context {args.context}, T = {args.temperature}: "
+                print(f"\n{shape} ({desc}{'' if args.block is None else f', blocks cut to {args.block}'}), R = {r}, "
+                      f"context {args.context}, T = {args.temperature}: "
                       f"target forward T0 {t0:.3f} ms")
                 print(f"| part | ms | of T0 |\n|---|---|---|")
                 for k in ORDER:

@@ -96,14 +96,15 @@ class OracleDrafter:
         self.gamma, self.config, self.confidence_head = drafter.gamma, drafter.config, drafter.confidence_head
         self.rounds = 0
 
-    def draft(self, cache, slots, anchors, anchor_pos, sampler=None, generator=None):
-        out = self.inner.draft(cache, slots, anchors, anchor_pos, sampler=sampler)
+    def draft(self, cache, slots, anchors, anchor_pos, sampler=None, generator=None, block=None):
+        out = self.inner.draft(cache, slots, anchors, anchor_pos, sampler=sampler, block=block)
+        g = out.tokens.shape[1]
         i = int(anchor_pos[0]) - self.prompt_len  # index of the anchor in the reference output
-        if len(slots) != 1 or i < 0 or i + 1 + self.gamma > len(self.reference) or self.reference[i] != int(anchors[0]):
+        if len(slots) != 1 or i < 0 or i + 1 + g > len(self.reference) or self.reference[i] != int(anchors[0]):
             return out
-        tokens = torch.tensor(self.reference[i + 1 : i + 1 + self.gamma])[None]
+        tokens = torch.tensor(self.reference[i + 1 : i + 1 + g])[None]
         self.rounds += 1
-        if self.rounds % 2:
+        if self.rounds % 2 and g > 3:
             tokens[0, 3] = (tokens[0, 3] + 1) % VOCAB
         probs = torch.nn.functional.one_hot(tokens, VOCAB).float()
         return DraftOutput(tokens=tokens, probs=probs, conf_logits=out.conf_logits)
@@ -127,12 +128,13 @@ class RejectedDrafter:
     def __getattr__(self, name):  # everything but draft() is the wrapped drafter's
         return getattr(self.inner, name)
 
-    def draft(self, cache, slots, anchors, anchor_pos, sampler=None, generator=None):
-        out = self.inner.draft(cache, slots, anchors, anchor_pos, sampler=sampler)
+    def draft(self, cache, slots, anchors, anchor_pos, sampler=None, generator=None, block=None):
+        out = self.inner.draft(cache, slots, anchors, anchor_pos, sampler=sampler, block=block)
         tokens = out.tokens.clone()
+        g = tokens.shape[1]
         for row in range(len(slots)):
             i = int(anchor_pos[row]) - self.prompt_len
-            if 0 <= i and i + 1 + self.gamma <= len(self.reference) and self.reference[i] == int(anchors[row]):
-                tokens[row] = (torch.tensor(self.reference[i + 1 : i + 1 + self.gamma]) + 1) % VOCAB
+            if 0 <= i and i + 1 + g <= len(self.reference) and self.reference[i] == int(anchors[row]):
+                tokens[row] = (torch.tensor(self.reference[i + 1 : i + 1 + g]) + 1) % VOCAB
         probs = torch.nn.functional.one_hot(tokens, VOCAB).float()
         return DraftOutput(tokens=tokens, probs=probs, conf_logits=out.conf_logits)

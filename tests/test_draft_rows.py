@@ -202,3 +202,18 @@ def test_a_float32_cache_projects_its_context_through_the_modules():
     cache.append(0, torch.arange(CONTEXT[0]), torch.randn(CONTEXT[0], drafter.fc.in_features).to(torch.bfloat16))
     out = drafter.draft(cache, [0], torch.tensor([5]), torch.tensor(CONTEXT[:1]), sampler=argmax_sampler)
     assert out.tokens.shape == (1, drafter.gamma) and bool(cache.kv[:, :, 0, :, : CONTEXT[0]].abs().sum() > 0)
+
+
+@needs_kernels
+def test_a_cut_block_on_the_rows_proposes_the_modules_tokens():
+    """A block cut to 2 positions (a step that verifies at most 2 drafts a request) on the row kernels:
+    the modules' tokens, up to the int8 rounding's near-ties."""
+    drafter = _drafter()
+    modules, rows = _filled_caches(drafter)
+    anchors, anchor_pos = torch.tensor([5, 7, 9]), torch.tensor(CONTEXT)
+    want = drafter.draft(modules, [0, 1, 2], anchors, anchor_pos, sampler=argmax_sampler, block=2)
+    drafter.rows = DraftRows(drafter, cpu_rows.ops())
+    got = drafter.draft(rows, [0, 1, 2], anchors, anchor_pos, sampler=argmax_sampler, block=2)
+    assert got.tokens.shape == want.tokens.shape == (3, 2)
+    assert (got.tokens == want.tokens).float().mean() >= 0.75
+    assert torch.allclose(got.conf_logits, want.conf_logits, atol=0.1)

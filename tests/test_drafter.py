@@ -300,3 +300,35 @@ def test_undrafted_steps_staged_on_the_fast_path_equal_the_general_path():
     for slot, n in enumerate(fast.lengths):
         assert torch.equal(fast.k[:, slot, :n], general.k[:, slot, :n]), slot
         assert torch.equal(fast.v[:, slot, :n], general.v[:, slot, :n]), slot
+
+
+@pytest.mark.parametrize("block", [1, 2, 3])
+def test_a_block_cut_to_b_drafts_what_a_b_block_drafter_drafts(block):
+    """draft(block=b) runs the block's first b positions attending to each other only: exactly what the
+    same weights with block size b draft (greedy tokens, sampled tokens and their distributions,
+    confidences), not the whole block's outputs cut afterwards."""
+    drafter, short = tiny_drafter(), tiny_drafter()
+    short.config.block_size = block
+    feat = drafter.fc.in_features
+    cache, short_cache = DraftKVCache(drafter, 2, 64), DraftKVCache(short, 2, 64)
+    context = torch.randn(2, 20, feat)
+    for c in (cache, short_cache):
+        for slot in range(2):
+            c.stage(slot, 0, context[slot, : 14 + 3 * slot])
+    anchors, anchor_pos = torch.tensor([5, 9]), torch.tensor([14, 17])
+    for sampler in (argmax_sampler, temperature_sampler(1.0, torch.Generator().manual_seed(3))):
+        got = drafter.draft(cache, [0, 1], anchors, anchor_pos, sampler=sampler, block=block)
+        if sampler is not argmax_sampler:
+            sampler = temperature_sampler(1.0, torch.Generator().manual_seed(3))
+        want = short.draft(short_cache, [0, 1], anchors, anchor_pos, sampler=sampler)
+        assert got.tokens.shape == (2, block) and torch.equal(got.tokens, want.tokens)
+        assert torch.equal(got.conf_logits, want.conf_logits)
+        assert (got.probs is None) == (want.probs is None)
+        if got.probs is not None:
+            assert torch.equal(got.probs, want.probs)
+    whole = drafter.draft(cache, [0, 1], anchors, anchor_pos, sampler=argmax_sampler)
+    cut = drafter.draft(cache, [0, 1], anchors, anchor_pos, sampler=argmax_sampler, block=block)
+    assert not torch.equal(whole.conf_logits[:, :block], cut.conf_logits)  # the block's rows see each other
+    for bad in (0, drafter.gamma + 1):
+        with pytest.raises(ValueError, match="block"):
+            drafter.draft(cache, [0, 1], anchors, anchor_pos, block=bad)

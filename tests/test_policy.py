@@ -196,3 +196,26 @@ def test_each_step_is_priced_by_the_table_in_force_when_it_ran():
         assert predicted == expected, step
         now += seconds + 0.001
     assert len(tables) > 2  # the table was replaced on the way
+
+
+def test_a_step_drafts_only_what_it_can_verify_and_full_mode_the_whole_block():
+    """Probes cut as planned steps do: the price a probe measures for a budget is a planned step's."""
+    from sglang_dspark.engine.policy import DraftPlan
+
+    policy = SpeculationPolicy("scheduled", GAMMA, SpsTable.from_points([1, 8], [20.0, 10.0], max_batch_tokens=40))
+    assert [policy.draft_block(DraftPlan(capacity=c, draft=True)) for c in (1, 2, 3, 9)] == [1, 2, 3, GAMMA]
+    assert policy.draft_block(DraftPlan(capacity=2, draft=True, probe=True)) == 2
+    assert policy.draft_block(DraftPlan(capacity=1, draft=True, verify_all=True)) == GAMMA
+
+
+def test_a_short_block_leaves_what_a_request_said_of_later_positions():
+    """A cut block's confidences cover its b positions only; the planner's row for the request keeps its
+    last word on the rest (the prior before it has one), so a step that drafted 1 never reads as a
+    drafter whose later drafts cannot survive."""
+    from sglang_dspark.core.schedule import AsyncPlanner
+
+    planner = AsyncPlanner(SpsTable.from_points([1, 8], [20.0, 10.0], max_batch_tokens=40), GAMMA, lag=1)
+    planner.observe(["a", "b"], torch.tensor([[0.9, 0.8, 0.7, 0.6], [0.5, 0.4, 0.3, 0.2]]))
+    planner.observe(["a", "b", "c"], torch.tensor([[0.3], [0.1], [0.2]]))
+    rows = planner._lagged_conf(["a", "b", "c"])
+    assert torch.allclose(rows, torch.tensor([[0.3, 0.8, 0.7, 0.6], [0.1, 0.4, 0.3, 0.2], [0.2, 1.0, 1.0, 1.0]]))

@@ -159,20 +159,24 @@ def test_sampling_batch_probs_equal_the_definition():
                                              ("scheduled", "float32", False), ("scheduled", "bfloat16", False),
                                              ("scheduled", "int8", False), ("scheduled", "int4", False),
                                              ("target", "float32", True), ("full", "float32", True),
-                                             ("scheduled", "int4", True)])
+                                             ("scheduled", "int4", True), ("cut", "float32", False),
+                                             ("cut", "int4", True)])
 def test_served_tokens_follow_the_warped_target_distribution(mode, fmt, seeded, expected):
     """All parameter sets in one engine run (rows with different parameters share every batch),
     SAMPLES requests each; tokens 1-3 each tested at ALPHA. Drafting: off (target), every draft
     verified (full), or cut at half the drafts by a forced budget (scheduled); the weight formats
-    (engine/cpu/formats.py) with drafting cut, against their own model's marginals. `seeded`: every
+    (engine/cpu/formats.py) with drafting cut, against their own model's marginals; `cut`: scheduled
+    with every block cut to 2 positions (a planned step drafts only what it can verify). `seeded`: every
     request with a seed of its own, so each token is the target's keyed sample, verified by coupling
     (engine/verification.py), not by rejection sampling. (The engine's seed is one whose stream
     passes: the test is deterministic, and at ALPHA each case fails about 2 % of streams; 18 other
     streams, 4 of them at 5,000 samples, passed when the stream last changed.)"""
     sets, mutants = expected[fmt]
-    engine = tiny_engine(mode, hf=make_hf(), max_running=64, seed=8, weight_format=fmt)
-    if mode == "scheduled":
+    engine = tiny_engine("scheduled" if mode == "cut" else mode, hf=make_hf(), max_running=64, seed=8, weight_format=fmt)
+    if mode in ("scheduled", "cut"):
         engine.policy.forced_budget_frac = 0.5
+    if mode == "cut":
+        engine.policy.draft_block = lambda plan: 2
     names = [name for name in PARAMS for _ in range(SAMPLES)]
     params = [SamplingParams(max_tokens=3, ignore_eos=True, seed=1000 + i if seeded else None, **PARAMS[name])
               for i, name in enumerate(names)]
@@ -181,6 +185,8 @@ def test_served_tokens_follow_the_warped_target_distribution(mode, fmt, seeded, 
         assert sum(r.accepted_drafts for r in engine.records) > 1000
         if mode == "scheduled":
             assert any(0 < r.num_verify_tokens - r.bs < r.bs * engine.gamma for r in engine.records if r.drafted)
+        if mode == "cut":
+            assert all(r.num_verify_tokens <= 3 * r.bs for r in engine.records if r.drafted)
     failures, powerless = [], []
     for name in PARAMS:
         rows = [o for o, n in zip(outs, names) if n == name]

@@ -257,10 +257,14 @@ class AsyncPlanner:
 
     def _lagged_conf(self, request_ids: Sequence[Hashable]) -> torch.Tensor:
         rows = self._lagged_rows(request_ids)
-        default = torch.ones(self.gamma)
-        if self.prior == "observed" and self.rows_observed:
-            default = (self._prior_sum / self.rows_observed).to(torch.float32)
+        default = self._prior_row()
         return torch.stack([default if r is None else r for r in rows])
+
+    def _prior_row(self) -> torch.Tensor:
+        """What a request without history is read as: every draft survives, or the mean row observed."""
+        if self.prior == "observed" and self.rows_observed:
+            return (self._prior_sum / self.rows_observed).to(torch.float32)
+        return torch.ones(self.gamma)
 
     def snap(self, num_requests: int, budget: int) -> int:
         """Round the step's total tokens up to the next bucket; fill with drafts up to R * G."""
@@ -349,8 +353,13 @@ class AsyncPlanner:
             self.calibration.observe(group, conf[i], int(verify_lens[i]), int(num_accepted[i]))
 
     def observe(self, request_ids: Sequence[Hashable], conf: torch.Tensor) -> None:
-        """Record this step's confidences; they inform the capacity `lag` steps later."""
+        """Record this step's confidences; they inform the capacity `lag` steps later. A block cut
+        short (conf [R, b], b < G) says nothing of positions b..: each request keeps what it last
+        said of them (the prior where it has said nothing), so a short block never reads as a
+        drafter that cannot go further."""
         conf = conf.detach().to("cpu", torch.float32)
+        if conf.shape[1] < self.gamma:
+            conf = self._filled(request_ids, conf)
         self._history_version += 1
         self.rows_observed += conf.shape[0]
         if self.prior == "observed":
@@ -358,6 +367,17 @@ class AsyncPlanner:
         for i, rid in enumerate(request_ids):
             self._history.setdefault(rid, deque(maxlen=self.lag)).append(conf[i])
             self._observed_at.setdefault(rid, deque(maxlen=self.lag)).append(self.clock)
+
+    def _filled(self, request_ids: Sequence[Hashable], conf: torch.Tensor) -> torch.Tensor:
+        """conf [R, b] extended to [R, G] by each request's latest row (or the prior) past b."""
+        b = conf.shape[1]
+        default = self._prior_row()
+        rows = []
+        for i, rid in enumerate(request_ids):
+            hist = self._history.get(rid)
+            last = hist[-1] if hist else default
+            rows.append(torch.cat([conf[i], last[b:].to(torch.float32)]))
+        return torch.stack(rows)
 
     def release(self, request_id: Hashable) -> None:
         self._history_version += 1

@@ -213,14 +213,23 @@ class DSparkDrafter(nn.Module):
         anchor_pos: torch.Tensor,
         sampler: Sampler | None = None,
         generator: torch.Generator | None = None,
+        block: int | None = None,
     ) -> DraftOutput:
-        """Draft one block of gamma tokens for each request r in `slots` (one batched
-        backbone pass, then the sequential stage over the gamma positions)."""
+        """Draft one block of `block` (default gamma) tokens for each request r in `slots` (one
+        batched backbone pass, then the sequential stage over the block's positions).
+
+        A shorter block is the first `block` positions of the trained one, attending to each other
+        only: what a step that can verify at most `block` drafts a request needs (the planner knows
+        that before the draft runs). Its drafts come from other hidden states than the whole
+        block's, which verification does not mind: it reads the probabilities drafted from."""
         sampler = sampler or temperature_sampler(1.0, generator)
         device = self.fc.weight.device
         anchors = anchors.to(device=device, dtype=torch.long)
         anchor_pos = anchor_pos.to(device=device, dtype=torch.long)
-        r, g = len(slots), self.gamma
+        g = self.gamma if block is None else int(block)
+        if not 1 <= g <= self.gamma:
+            raise ValueError(f"block: between 1 and the drafter's block size {self.gamma}, got {block}")
+        r = len(slots)
         anchor_list = anchor_pos.tolist()
         for slot, p in zip(slots, anchor_list):
             if cache.length(slot) < p:
@@ -255,7 +264,7 @@ class DSparkDrafter(nn.Module):
         tokens, probs = [], []
         prev = anchors
         state = self.markov_head.init_state(hidden[:, 0]) if self.markov_head is not None else None
-        for k in range(self.gamma):
+        for k in range(base.shape[1]):
             step_logits = base[:, k]
             if self.markov_head is not None:
                 features, state = self.markov_head.step_features(prev, hidden[:, k], state)

@@ -343,12 +343,12 @@ class Engine:
             sampler = batch.draft_sampler(vocab)
             sampler = grammar_draft_sampler(sampler, grammars, vocab) if any(grammars) else sampler
             try:
-                out = self.runner.draft(rows, sampler)
+                out = self.runner.draft(rows, sampler, self.policy.draft_block(plan))
             finally:  # a draft that raised must not leave matchers advanced (the step may be re-run)
                 if any(grammars):
                     sampler.rollback()
             drafts, probs, conf_logits = out.tokens, out.probs, out.conf_logits
-            conf = apply_sts(conf_logits, self.sts)
+            conf = apply_sts(conf_logits, None if self.sts is None else self.sts[: conf_logits.shape[1]])
             lens = self.policy.allocate(conf, plan)
             lens[[i for i, r in enumerate(reqs) if r.no_draft]] = 0  # canary replays verify no draft
         drafted_at = self.clock()

@@ -72,10 +72,10 @@ class ModelRunner:
                 self.draft_cache.stage(slot, start, out.hidden)
         return torch.cat(logits)
 
-    def draft(self, rows: list[DecodeRow], sampler):
-        """One block of gamma drafts per row (drafter.DraftOutput)."""
+    def draft(self, rows: list[DecodeRow], sampler, block: int | None = None):
+        """One block of `block` (default gamma) drafts per row (drafter.DraftOutput)."""
         return self.drafter.draft(self.draft_cache, [r.slot for r in rows], torch.tensor([r.anchor for r in rows]),
-                                  torch.tensor([r.anchor_pos for r in rows]), sampler=sampler)
+                                  torch.tensor([r.anchor_pos for r in rows]), sampler=sampler, block=block)
 
     def verify_forward(self, rows: list[DecodeRow], drafts: torch.Tensor | None, lens: torch.Tensor) -> ForwardOutput:
         """One ragged target forward over each row's anchor and its first lens[r] drafts:

@@ -206,6 +206,16 @@ class SpeculationPolicy:
         return self.planner.can_admit(running_ids, slowest_speed)
 
     # ---- during a step -----------------------------------------------------------------------
+    def draft_block(self, plan: DraftPlan) -> int:
+        """Positions the drafter drafts a request this step: no more than the step can verify. A
+        step of capacity c verifies at most c drafts a request, so the block is cut to c (on a CPU
+        the drafter's cost grows with its rows; a cut block keeps the first positions' acceptance:
+        benchmarks/block_truncation.py). Probes cut too, so that the price they measure for a budget
+        is the price a planned step of that budget pays; full mode drafts the whole block."""
+        if plan.verify_all:
+            return self.gamma
+        return max(1, min(self.gamma, plan.capacity))
+
     def allocate(self, conf: torch.Tensor, plan: DraftPlan) -> torch.Tensor:
         """Verify lengths [R] for this step's calibrated confidences conf [R, G]."""
         if plan.verify_all:

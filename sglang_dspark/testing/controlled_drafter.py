@@ -55,7 +55,7 @@ class ControlledDrafter:
         self._engine = engine
         return self
 
-    def _inner_draft(self, cache, slots, anchors, anchor_pos, sampler, generator) -> DraftOutput | None:
+    def _inner_draft(self, cache, slots, anchors, anchor_pos, sampler, generator, block) -> DraftOutput | None:
         """The wrapped drafter's block where this drafter costs at least as much (its cost measured),
         else None after keeping the context current and sleeping `cost_multiple` of the last
         measured draft."""
@@ -65,15 +65,15 @@ class ControlledDrafter:
                 time.sleep(self.cost_multiple * self._last_inner_s)
             return None
         t0 = time.perf_counter()
-        out = self.inner.draft(cache, slots, anchors, anchor_pos, sampler=sampler, generator=generator)
+        out = self.inner.draft(cache, slots, anchors, anchor_pos, sampler=sampler, generator=generator, block=block)
         self._last_inner_s = time.perf_counter() - t0
         if self.cost_multiple > 1:
             time.sleep((self.cost_multiple - 1) * self._last_inner_s)
         return out
 
-    def draft(self, cache, slots, anchors, anchor_pos, sampler=None, generator=None) -> DraftOutput:
-        out = self._inner_draft(cache, slots, anchors, anchor_pos, sampler, generator)
-        gamma, vocab = self.inner.gamma, self.inner.lm_head_weight.shape[0]
+    def draft(self, cache, slots, anchors, anchor_pos, sampler=None, generator=None, block=None) -> DraftOutput:
+        out = self._inner_draft(cache, slots, anchors, anchor_pos, sampler, generator, block)
+        gamma, vocab = self.inner.gamma if block is None else block, self.inner.lm_head_weight.shape[0]
         r = len(slots)
         tokens = out.tokens.clone() if out is not None else torch.zeros(r, gamma, dtype=torch.long)
         by_slot = {req.slot: req for req in self._engine.scheduler.running} if self._engine is not None else {}

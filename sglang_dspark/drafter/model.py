@@ -384,9 +384,10 @@ class DraftKVCache:
                 self._buf[torch.tensor(dst_slot), torch.tensor(dst_row)] = picked.to(self._buf.dtype)
 
     def _append_one_each(self, slots, starts, hidden, offsets, counts) -> bool:
-        """The step that drafted nothing: one row a slot, each extending its buffer. Staged with no
-        per-row branching (an engine that is not drafting pays staging every step, so it must cost
-        what a target-only step does not notice). False, and nothing staged, when any row is not so."""
+        """The step that drafted nothing: one row a slot, each extending its buffer, staged by a plain
+        row copy each (an engine that is not drafting pays staging every step, so it must cost what a
+        target-only step does not notice: an indexed write builds index tensors and wakes the thread
+        team for a few KB). False, and nothing staged, when any row is not so."""
         lengths, used, buf_start = self.lengths, self.buf_used, self.buf_start
         if not slots:
             return False
@@ -401,9 +402,8 @@ class DraftKVCache:
                 buf_start[slot] = start
             used[slot] += 1
             lengths[slot] = start + 1
-        src = hidden[offsets[0]:offsets[0] + len(offsets)] if offsets == list(range(offsets[0], offsets[0] + len(offsets))) \
-            else hidden[torch.tensor(offsets)]
-        self._buf[torch.tensor(slots), torch.tensor(rows)] = src.to(self._buf.dtype)
+        for slot, row, offset in zip(slots, rows, offsets):  # a row copy each: no index tensors, no thread team
+            self._buf[slot, row].copy_(hidden[offset])
         return True
 
     def truncate(self, slot: int, length: int) -> None:

@@ -17,6 +17,8 @@ acceptance sum_v min(p_v, q_v) against the target's distribution over the hot vo
 mass outside it counts as rejected). `hot coverage` is the share of labels inside the hot vocabulary:
 no drafter restricted to it does better. A probe sees no attention over the context, so a drafter
 can beat it; it says how much of the next token the target's last state and the bonus token carry.
+With `--state drafter` the probes read instead what a DSpark drafter is fed of position t (the
+stored target layers but the last, each RMS-normed): whether the drafter's inputs carry it too.
 
     python benchmarks/drafter_pilot.py --train runs/features-smollm2-int4 --eval runs/features-smollm2-int4-heldout
 """
@@ -57,16 +59,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mlp-width", type=int, default=1536, help="the MLP probe's hidden width (default: %(default)s)")
     p.add_argument("--max-train-positions", type=int, default=None, help="cap on training positions (default: all)")
     p.add_argument("--threads", type=int, default=2, help="torch threads (default: %(default)s)")
+    p.add_argument("--state", choices=("final", "drafter"), default="final",
+                   help="the target state h_t the probes read: its final normed state (final), or what a drafter "
+                        "is fed, the stored layers but the last, each RMS-normed (drafter) (default: %(default)s)")
+    p.add_argument("--depth", type=int, choices=(1, 2), default=2, help="block positions probed (default: %(default)s)")
+    p.add_argument("--probes", default="linear,mlp", help="probes to train, of linear and mlp (default: %(default)s)")
     p.add_argument("--out", default=str(ROOT / "benchmarks/results/drafter_pilot.json"), help="JSON output path")
     return p
 
 
-def positions(store, depth: int) -> dict[str, torch.Tensor]:
+def positions(store, depth: int, state: str = "final") -> dict[str, torch.Tensor]:
     """Every response position t with x_{t+1}..x_{t+depth} and the target's argmax at t + depth known.
-    h: final normed target state at t (fp16); prev: x_t; ctx [N, depth]: x_{t+1}.. ; label: argmax at t + depth."""
+    h: the target's state at t (fp16): `final`, its final normed state; `drafter`, what a drafter is fed,
+    the stored layers but the last, each RMS-normed, concatenated; prev: x_t; ctx [N, depth]: x_{t+1}.. ;
+    label: argmax at t + depth."""
     from sglang_dspark.train.features import final_hidden
 
     hidden = store.final_norm["weight"].numel()
+
+    def state_of(features):
+        if state == "final":
+            return final_hidden(features[:, -hidden:], store.final_norm)
+        layers = features[:, :-hidden].float().view(len(features), -1, hidden)
+        return F.rms_norm(layers, (hidden,)).flatten(1)
     hs, prevs, ctxs, labels = [], [], [], []
     for i in range(len(store)):
         s = store[i]
@@ -74,7 +89,7 @@ def positions(store, depth: int) -> dict[str, torch.Tensor]:
         t = torch.arange(max(s.prompt_len - 1, 1), n - 1 - depth)
         if not len(t):
             continue
-        hs.append(final_hidden(s.features[t, -hidden:], store.final_norm).half())
+        hs.append(state_of(s.features[t]).half())
         prevs.append(s.tokens[t])
         ctxs.append(torch.stack([s.tokens[t + k] for k in range(1, depth + 1)], -1))
         labels.append(s.argmax[t + depth])
@@ -121,12 +136,12 @@ def ngram_accuracy(train: dict, test: dict, keys, vocab: int) -> float:
 
 
 class Probe(nn.Module):
-    def __init__(self, embed: torch.Tensor, hot_head: torch.Tensor, depth: int, width: int | None):
+    def __init__(self, embed: torch.Tensor, hot_head: torch.Tensor, depth: int, width: int | None, state_dim: int):
         super().__init__()
         d = embed.shape[1]
         self.register_buffer("embed", embed, persistent=False)
         self.register_buffer("head", hot_head, persistent=False)
-        inp = d * (1 + depth)
+        inp = state_dim + d * depth
         self.body = nn.Linear(inp, d) if width is None else nn.Sequential(
             nn.Linear(inp, width), nn.SiLU(), nn.Linear(width, d))
         self.norm = nn.RMSNorm(d)
@@ -183,6 +198,8 @@ def plot(result: dict, runs: list[str], path: Path) -> None:
                 ms=3, label=f"drafter: {Path(run).name}")
     first = next(r for r in result["rows"] if r["position"] == 1)
     for key, style in (("hot_coverage", ":"), ("mlp", "--"), ("linear", "--"), ("trigram", "-."), ("bigram", "-.")):
+        if key not in first:  # a probe not trained this run (--probes)
+            continue
         ax.axhline(first[key], ls=style, color="grey", lw=1)
         ax.annotate(f"{key} {first[key]:.3f}", (0, first[key]), xytext=(2, 2), textcoords="offset points", fontsize=8)
     ax.set_xlabel("training minutes")
@@ -223,9 +240,9 @@ def main(argv=None) -> int:
     hot_index = vocab_index(hot_ids, vocab)
     hot_head = lm_head[hot_ids]
     rows = []
-    for depth in (1, 2):
+    for depth in range(1, args.depth + 1):
         t0 = time.perf_counter()
-        train, test = positions(train_store, depth), positions(eval_store, depth)
+        train, test = positions(train_store, depth, args.state), positions(eval_store, depth, args.state)
         if args.max_train_positions:
             train = {k: v[: args.max_train_positions] for k, v in train.items()}
         probs = target_rows(eval_store, depth, hot_head)
@@ -239,7 +256,9 @@ def main(argv=None) -> int:
         row["bigram"] = ngram_accuracy(train, test, [(last,)], vocab)
         row["trigram"] = ngram_accuracy(train, test, [(last,), (before, last)], vocab)
         for name, width in (("linear", None), ("mlp", args.mlp_width)):
-            probe = Probe(embed, hot_head, depth, width)
+            if name not in args.probes.split(","):
+                continue
+            probe = Probe(embed, hot_head, depth, width, train["h"].shape[1])
             fit = train_probe(probe, train, hot_index, args.minutes, args.batch)
             row[name], row[f"{name}_t1_accept"] = probe_accuracy(probe, test, probs, hot_ids)
             row[f"{name}_fit"] = fit
@@ -249,9 +268,9 @@ def main(argv=None) -> int:
     print(f"\n{'position':>8} {'hot cover':>9} {'bigram':>7} {'trigram':>7} {'linear':>7} {'mlp':>7} "
           f"{'lin T=1':>7} {'mlp T=1':>7}")
     for r in rows:
-        print(f"{r['position']:>8} {r['hot_coverage']:>9.3f} {r['bigram']:>7.3f} {r['trigram']:>7.3f} "
-              f"{r['linear']:>7.3f} {r['mlp']:>7.3f} {r['linear_t1_accept']:>7.3f} {r['mlp_t1_accept']:>7.3f}")
-    write_result(args.out, {"benchmark": "drafter_pilot", "train": args.train, "eval": args.eval,
+        probe = [f"{r.get(k, float('nan')):>7.3f}" for k in ("linear", "mlp", "linear_t1_accept", "mlp_t1_accept")]
+        print(f"{r['position']:>8} {r['hot_coverage']:>9.3f} {r['bigram']:>7.3f} {r['trigram']:>7.3f} " + " ".join(probe))
+    write_result(args.out, {"benchmark": "drafter_pilot", "train": args.train, "eval": args.eval, "state": args.state,
                             "hot_vocab": int(hot_ids.numel()), "minutes_per_probe": args.minutes, "batch": args.batch, "mlp_width": args.mlp_width,
                             "rows": rows})
     if args.runs:

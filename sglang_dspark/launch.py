@@ -344,7 +344,7 @@ def _shipped_profile(args, engine: str, model: str, draft: str | None, zoo_name:
         except ProfileError as exc:
             refused.append(" ".join(str(exc).split()))
     # a matching profile; else the seed closest to this launch: its weight format first (a format
-    # changes the cost shape: int4's verify of 7 drafts is 2.66x a plain step, bfloat16's 1.58x), then
+    # changes the cost shape: int4's verify of 7 drafts costs far more plain steps than bfloat16's), then
     # the fewest differences, then file order
     seeds = sorted((c for c in candidates if c.seed_only),
                    key=lambda c: ((c.profile.fingerprint.weight_format or "float32") != (args.weight_format or "float32"),

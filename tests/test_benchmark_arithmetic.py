@@ -113,3 +113,27 @@ def test_pilot_ngrams_back_off_from_the_longer_key_to_the_shorter_one():
     last, before = (lambda d: d["ctx"][:, 0]), (lambda d: d["prev"])
     assert drafter_pilot.ngram_accuracy(train, test, [(last,)], vocab=10) == pytest.approx(2 / 3)  # 9, 9, 9
     assert drafter_pilot.ngram_accuracy(train, test, [(last,), (before, last)], vocab=10) == 1.0
+
+
+def test_pilot_states_are_the_final_normed_state_or_the_drafters_layers_each_normed():
+    """`final`: the last stored layer through the final norm; `drafter`: the other stored layers, each
+    RMS-normed on its own, side by side (what the drafter's fc reads), never the last layer."""
+    import torch
+
+    import drafter_pilot
+
+    hidden, layers, n = 4, 3, 6
+    torch.manual_seed(0)
+    features = torch.randn(n, layers * hidden) * torch.tensor([1.0] * hidden + [10.0] * hidden + [100.0] * hidden)
+    seq = SimpleNamespace(tokens=torch.arange(n), features=features, prompt_len=1, argmax=torch.arange(n) + 1)
+    store = type("Store", (), {"final_norm": {"weight": torch.full((hidden,), 2.0), "eps": 1e-6},
+                               "__len__": lambda self: 1, "__getitem__": lambda self, i: seq})()
+    t = torch.arange(1, n - 2)  # the response positions with x_{t+1} and the argmax at t + 1 known
+    final = drafter_pilot.positions(store, 1, "final")["h"].float()
+    want = 2.0 * torch.nn.functional.rms_norm(features[t, -hidden:], (hidden,))
+    assert torch.allclose(final, want, atol=1e-2)
+    drafter = drafter_pilot.positions(store, 1, "drafter")["h"].float()
+    assert drafter.shape == (len(t), (layers - 1) * hidden)
+    for i in range(layers - 1):
+        want = torch.nn.functional.rms_norm(features[t, i * hidden:(i + 1) * hidden], (hidden,))
+        assert torch.allclose(drafter[:, i * hidden:(i + 1) * hidden], want, atol=1e-2)

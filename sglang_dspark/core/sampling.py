@@ -1,7 +1,7 @@
 """The one categorical sampler every path uses: drafts, verification residuals and bonus tokens,
 and the engine's own next tokens. One numeric recipe means one set of statistical tests covers them.
 
-Inverse CDF: ~10x faster than torch.multinomial on a CPU at a 49K vocabulary, and it lets a caller
+Inverse CDF: far cheaper than torch.multinomial on a CPU at a large vocabulary, and it lets a caller
 supply the uniforms: a seeded request's come from `keyed_uniforms`, one per (seed, position), so the
 token at a position depends on the seed and the distribution there, not on how many numbers were
 drawn before it (nor on what was drafted).

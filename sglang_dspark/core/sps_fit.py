@@ -28,7 +28,7 @@ MIN_BIAS_SECONDS = 1e-5  # SGLang requires bias > 0; it is also the floor of eve
 
 def theta_knots(batch_tokens) -> list[int]:
     """Where theta(B) gets a free value: every measured B up to 16 (small batches are where the
-    curve bends), then measured B at least ~25 % apart, and the largest."""
+    curve bends), then measured B at least a quarter apart, and the largest."""
     bs = sorted({int(b) for b in batch_tokens})
     knots = [b for b in bs if b <= 16]
     for b in bs:

@@ -19,8 +19,8 @@ Before any drafted step has been seen the table prices drafting as prohibitive, 
 starts target-only; a `prior` table (a profile, possibly from other hardware) fills what the steps
 have not covered yet, with the weight of `prior_weight` steps in all: its undrafted prices scaled by
 the median measured / prior ratio of undrafted steps, its drafted prices by that of drafted steps
-(hosts differ in both: an Intel and an AMD CPU with the same BLAS priced a 2-token verify at 1.45x
-and 2x a 1-token step); steps 1, 2, 4, ... 16, and the first few drafted ones, each trigger a refit.
+(hosts differ in both: two CPUs with the same BLAS priced a 2-token verify far apart against a
+1-token step; RESULTS_LOG, 'Online SPS learning'); steps 1, 2, 4, ... 16, and the first few drafted ones, each trigger a refit.
 After that a refit is due every `refit_every` steps, and with `fit_share` no sooner than when the
 steps since the last one took `1 / fit_share` times as long as that fit took, or `MAX_REFIT_DELAY`
 intervals passed (a fit every 16 steps would take a measurable share of a CPU engine's time).
@@ -105,7 +105,7 @@ class OnlineSpsEstimator:
         # Steps 1, 2, 4, ... up to `refit_every` and the first few drafted ones each refit at once:
         # they tell the planner within a step or two what this host's plain and drafted steps cost,
         # before it bets on a prior measured elsewhere. (A fit takes a few ms on the engine's
-        # thread: refitting each of the first 16 steps cost a short run about 1 %.)
+        # thread: refitting at each of the first 16 steps showed in a short run's speed.)
         drafted = sum(self._drafted_by_r.values())
         early = self.steps <= self.refit_every and self.steps & (self.steps - 1) == 0
         since = self.steps - self.fitted_at

@@ -33,7 +33,7 @@ IDLE_RELEASE_S = 5.0
 def off_the_main_thread(fn: Callable[[], T]) -> T:
     """fn() on a short-lived thread, its result or exception here. For torch work before the engine
     thread starts (the weight format's timing): once the main thread has run a parallel torch op,
-    GNU OpenMP slowed every other thread's by 1.45x on a 2-core Intel Xeon, while a finished
+    GNU OpenMP slowed every other thread's (seen on a 2-core CPU; RESULTS_LOG), while a finished
     helper thread's pool left the engine thread at full speed (AsyncEngine.built_on_its_thread)."""
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dspark-torch-setup") as pool:
         return pool.submit(fn).result()

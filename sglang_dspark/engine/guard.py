@@ -7,8 +7,8 @@ takes the step's gain g: the tokens it emitted over what undrafted steps at the 
 would have emitted in the same seconds (seconds * R / u(R), u the table's price of a budget-0 step:
 with online learning, fitted to the engine's own measured undrafted steps).
 
-One step's gain is noisy: at C = 1 a step emits 1 token or several, and a step time varies by 10 %
-or more on a shared host. So a bucket (batch sizes 1, 2-3, 4-7, ...) stops drafting only on
+One step's gain is noisy: at C = 1 a step emits 1 token or several, and a step's time varies widely
+on a shared host. So a bucket (batch sizes 1, 2-3, 4-7, ...) stops drafting only on
 evidence: once it has `min_steps` judged steps, when the upper confidence bound of its mean gain,
 mean + z * standard error, falls below `1 - margin`. A drafter that truly loses is stopped (the
 standard error shrinks with every step), one that wins by 10 % is rarely stopped by a bad start

@@ -174,7 +174,7 @@ class DecoderLayer(nn.Module):
         a mask, and (rows as batch elements) how its work splits over the threads; a GEMM with the
         number of rows. bfloat16 greedy outputs diverged at near-ties. So each row is one SDPA call
         of its own, the call its decode would make: its kv head's G query heads as query rows (GQA
-        folded: 4-5x faster than heads as heads on a 2-core EPYC), over exactly the keys it sees."""
+        folded: much faster than heads as heads; benchmarks/attention_row_batching.py), over exactly the keys it sees."""
         H, KVH, hd, N = self.num_heads, self.num_kv_heads, self.head_dim, b.max_new
         kv = layer_kv[:, b.slot_slice.start, :, : b.max_ctx]  # an int index: a view, not a gather copy
         if b.causal:

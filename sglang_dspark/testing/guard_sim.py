@@ -14,7 +14,7 @@ UNDRAFTED_S = 0.040
 def first_block(seed: int, cost: float, accept: float, steps: int = 150, guard: DraftingGuard | None = None):
     """The judged step at which the guard first stops batch size 1, or None: each step verifies
     GAMMA drafts, each accepted with probability `accept` until the first rejection, and costs
-    `cost` undrafted steps with 10 % log-normal noise."""
+    `cost` undrafted steps with log-normal noise of sigma 0.1."""
     rng = random.Random(seed)
     guard = guard or DraftingGuard()
     for step in range(steps):

@@ -2,7 +2,8 @@
 
 Why they exist: aten's int4 kernel (`_weight_int4pack_mm_for_cpu`) re-does its de-quantization for
 every row, and the engine's batch-invariant attention was one SDPA call per row, so a verify block
-of 8 rows cost 2.5x a one-row decode (the SPS profile of an Intel Xeon with AMX, int4). Here:
+of 8 rows cost several one-row decodes (an int4 SPS profile; RESULTS_LOG, 'The engine's own CPU row
+kernels'). Here:
 - `q4_rows_mm`: GGUF Q4_1 weights times bfloat16 rows quantized per block of 32 to int8 (llama.cpp's
   Q8_1, the arithmetic llama.cpp's CPU backend uses for Q4_1), VNNI dot products; the weights
   stream from memory once per call whatever the row count.

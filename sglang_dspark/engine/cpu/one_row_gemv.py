@@ -9,9 +9,9 @@ figures are in benchmarks/RESULTS_LOG.md, "An Intel Xeon with AMX").
 The kernel is chosen per weight shape at load. First by batch invariance: a one-row decode's output
 must equal that row's output inside a multi-row verify block bit for bit (verify rows run `F.linear`),
 or greedy speculative decoding could differ from plain decoding at a near-tie. Which kernel keeps
-that depends on the CPU: on an AMD EPYC (Zen 5, torch 2.14) `F.linear` at one row rounded SmolLM2's
-down_proj (576 x 1536) differently from its rows at 2-16 rows in about 5 % of rows while `mv`
-matched them all; on the Intel Xeon both matched. Among the kernels that keep it, the faster, timed
+that depends on the CPU: on one of the project's CPUs `F.linear` at one row rounded SmolLM2's
+down_proj (576 x 1536) differently from its rows at 2-16 rows in some rows while `mv` matched them
+all; on the other both matched (RESULTS_LOG, 'Batch-invariant rows'). Among the kernels that keep it, the faster, timed
 over every weight of that shape in turn (so they stream from memory, as in a step). Values, shapes
 and state-dict names are unchanged.
 """

@@ -24,7 +24,7 @@ shares a call with (tests/test_weight_format.py, tests/test_cpu_rows.py), which 
 block's rows equal to the one-row decodes they replace.
 
 Both int4 kernels are GEMVs at heart: for a prompt's many rows oneDNN's bfloat16 GEMM over the same
-values is faster (2.75x aten's kernel at 1,024 rows on a 2-core AMD EPYC, benchmarks/int4_prefill.py),
+values is faster (several times aten's kernel at 1,024 rows; benchmarks/int4_prefill.py, RESULTS_LOG),
 so an `Int4Linear` keeps its weight de-quantized in bfloat16 too (the grid the kernel reads, rounded
 once) and multiplies a prompt chunk's rows by it (`prompt_rows`, which the target's layers call for
 prompt chunks only). Decode and verify rows always go through the kernel (`forward`), so they do not
@@ -33,7 +33,7 @@ depend on what shares their call. Prompt rows always go through the copy, one ca
 On an Intel Xeon with AMX oneDNN rounded rows apart at most row counts below 256, so there a prompt
 row's bits depend on the chunk it was prefilled in, as they do anyway through the masked attention
 call a packed chunk shares. Calls of exactly 256 rows would avoid the first part and cost
-1.15-1.55x a prompt's prefill there, with no consistent gain in how often a packed request's output
+more than a prompt's own prefill there, with no consistent gain in how often a packed request's output
 equals its own (benchmarks/prefill_invariance.py); the canary tells such rounding from corruption
 (engine/canary.py). The copy costs 2 bytes per weight of resident memory, which the decode step
 never reads.

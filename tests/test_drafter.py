@@ -332,3 +332,23 @@ def test_a_block_cut_to_b_drafts_what_a_b_block_drafter_drafts(block):
     for bad in (0, drafter.gamma + 1):
         with pytest.raises(ValueError, match="block"):
             drafter.draft(cache, [0, 1], anchors, anchor_pos, block=bad)
+
+
+def test_a_context_window_lets_a_block_see_only_its_last_context_positions():
+    """forward_train(context_window=w), the training curriculum: a block at anchor a sees context
+    positions a - w .. a - 1 only; without a window, everything before a."""
+    drafter = tiny_drafter()
+    ids = torch.randint(0, 48, (24,))
+    ctx = torch.randn(23, FEAT)
+
+    def logits(context, window):
+        return drafter.forward_train(ids[None], context[None], torch.tensor([[12]]), torch.ones(1, 1, dtype=torch.bool),
+                                     context_window=window).logits[0]
+
+    older, last = ctx.clone(), ctx.clone()
+    older[9] += 5.0  # three positions before the anchor
+    last[11] += 5.0  # the state that produced the anchor
+    for window, older_seen in ((1, False), (3, True), (None, True)):
+        base = logits(ctx, window)
+        assert not torch.allclose(base, logits(last, window), atol=1e-4), window
+        assert torch.allclose(base, logits(older, window), atol=1e-5) != older_seen, window

@@ -164,3 +164,25 @@ def test_a_time_budget_overrun_by_the_last_step_still_ends_with_a_save(tmp_path)
     assert trainer.step == 1 and trainer.elapsed_s > cfg.time_budget_s
     state = torch.load(tmp_path / "trainer_state.pt", weights_only=False)
     assert state["step"] == trainer.step
+
+
+def test_the_recent_context_curriculum_narrows_training_blocks_only_while_it_lasts():
+    """Training steps within `recent_context_s` pass the window to forward_train, later steps and the
+    held-out estimate (what inference sees) pass none."""
+    drafter = tiny_drafter()
+    seen = []
+    forward_train = drafter.forward_train
+
+    def recording(input_ids, context, anchor_pos, anchor_valid, context_window=None):
+        seen.append(context_window)
+        return forward_train(input_ids, context, anchor_pos, anchor_valid, context_window)
+
+    drafter.forward_train = recording
+    cfg = LoopConfig(lr=1e-2, warmup_steps=1, seqs_per_step=2, anchors_per_seq=8, max_steps=2, recent_context=2,
+                     recent_context_s=60.0)
+    trainer = Trainer(drafter, synthetic_store(), cfg, heldout=synthetic_store(seed=1), log=lambda line: None)
+    trainer.train_step()
+    trainer.elapsed_s = 61.0
+    trainer.train_step()
+    trainer.evaluate_heldout()
+    assert seen[:2] == [2, None] and set(seen[2:]) == {None}

@@ -74,6 +74,16 @@ def test_build_data_resumes_and_both_sources_train_a_loadable_drafter(tiny_targe
     assert _train(tiny_target, out, [tf], "--max-steps", "3", "--markov-rank", "0") == 2
     # Layers the data does not store are refused with one line.
     assert _train(tiny_target, tmp_path / "other", [tf], "--max-steps", "1", "--target-layers", "0,2") == 2
+    # A new machine continues from the committed weights and vocabulary, with a fresh optimizer
+    from safetensors.torch import load_file
+
+    fresh = tmp_path / "fresh"
+    assert _train(tiny_target, fresh, [tf], "--max-steps", "0", "--init-weights", str(out)) == 0
+    want, got = load_file(str(out / "model.safetensors")), load_file(str(fresh / "model.safetensors"))
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    assert torch.equal(load_draft_vocab(fresh / "draft_vocab.pt"), load_draft_vocab(out / "draft_vocab.pt"))
+    assert _train(tiny_target, tmp_path / "mismatch", [tf], "--max-steps", "0", "--init-weights", str(out),
+                  "--markov-rank", "0") == 2
     shutil.rmtree(out)
 
 

@@ -165,13 +165,14 @@ class DSparkDrafter(nn.Module):
 
     # ---- training ---------------------------------------------------------------------------
 
-    def forward_train(self, input_ids, context, anchor_pos, anchor_valid) -> TrainOutput:
+    def forward_train(self, input_ids, context, anchor_pos, anchor_valid, context_window: int | None = None) -> TrainOutput:
         """Teacher-forced blocks at many anchors per sequence.
 
         input_ids int64 [B, N]; context [B, C, m*H] target features at positions 0..C-1;
         anchor_pos int64 [B, A]; anchor_valid bool [B, A] (padding anchors are ignored by the
         loss). The Markov bias and confidence of block position k read the true token at
-        anchor_pos + k (the anchor for k = 0).
+        anchor_pos + k (the anchor for k = 0). With `context_window` w a block sees only the last w
+        context positions before its anchor (a training curriculum; inference sees them all).
         """
         b, n = input_ids.shape
         c = context.shape[1]
@@ -185,6 +186,8 @@ class DSparkDrafter(nn.Module):
         ctx_kv = self.context_kv(context, ctx_positions)
         # Query (block i, k) sees context j < anchor_i and all of block i, no other block.
         sees_ctx = ctx_positions[:, None, :] < anchor_pos[:, :, None]  # [B, A, C]
+        if context_window is not None:
+            sees_ctx &= ctx_positions[:, None, :] >= anchor_pos[:, :, None] - context_window
         sees_ctx = sees_ctx[:, :, None, :].expand(b, a, g, c).reshape(b, a * g, c)
         block_of = torch.arange(a, device=input_ids.device).repeat_interleave(g)
         sees_block = (block_of[:, None] == block_of[None, :]).expand(b, a * g, a * g)

@@ -19,9 +19,10 @@ import sys
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from sglang_dspark.drafter import DSparkDraftConfig, DSparkDrafter, load_config, save_drafter
-from sglang_dspark.drafter.checkpoint import DRAFT_VOCAB_NAME, load_draft_vocab, save_draft_vocab
+from sglang_dspark.drafter.checkpoint import DRAFT_VOCAB_NAME, WEIGHTS_NAME, load_draft_vocab, save_draft_vocab
 from sglang_dspark.train import CURVE_NAME, SUMMARY_NAME
 from sglang_dspark.train.draft_vocab import hot_vocab
 from sglang_dspark.train.curve import plot_curve
@@ -73,6 +74,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a new drafter's weights: random, or its layers, context path and final norm copied from "
                         "the target's last decoder layer (train/init_from_target.py); a resumed run keeps its own "
                         "(default: %(default)s)")
+    p.add_argument("--init-weights", metavar="DIR",
+                   help="start from the weights (and hot vocabulary) of a drafter directory this run would export, "
+                        "e.g. a committed checkpoint, with a fresh optimizer: how a new machine continues a run "
+                        "whose optimizer state was not committed (ignored when --out resumes)")
+    p.add_argument("--recent-context-min", type=float, default=0.0,
+                   help="curriculum: for this many training minutes each block sees only the last --recent-context "
+                        "context positions (the target state that produced its anchor), then all of them, as "
+                        "inference does; 0 = off (default: %(default)s)")
+    p.add_argument("--recent-context", type=int, default=1,
+                   help="context positions a block sees during --recent-context-min (default: %(default)s)")
     p.add_argument("--objective", default="dspark", choices=OBJECTIVES,
                    help="dspark: the paper's 0.1 CE + 0.9 L1 + confidence BCE; kl: forward KL to the target's "
                         "hot-vocabulary distribution + CE to its argmax + the same BCE (train/losses.py) "
@@ -105,17 +116,27 @@ def make_config(args, target_cfg: dict, tokenizer) -> DSparkDraftConfig:
     )
 
 
-def training_vocab(out: Path, mass: torch.Tensor, size: int) -> torch.Tensor | None:
-    """The hot vocabulary: the one a resumed run already trained over (the data may have grown
-    since), else the `size` tokens with the most target probability mass; None for size 0."""
+def training_vocab(out: Path, mass: torch.Tensor, size: int, init_weights: Path | None = None) -> torch.Tensor | None:
+    """The hot vocabulary: the one a resumed run (or the drafter --init-weights starts from) already
+    trained over (the data may have grown since), else the `size` tokens with the most target
+    probability mass; None for size 0."""
     if not size:
         return None
-    saved = out / DRAFT_VOCAB_NAME
-    if (out / STATE_NAME).is_file() and saved.is_file():
-        ids = load_draft_vocab(saved)
-        if ids.numel() == size:
-            return ids
+    for saved, trained in ((out / DRAFT_VOCAB_NAME, (out / STATE_NAME).is_file()),
+                           (None if init_weights is None else init_weights / DRAFT_VOCAB_NAME, True)):
+        if saved is not None and trained and saved.is_file():
+            ids = load_draft_vocab(saved)
+            if ids.numel() == size:
+                return ids
     return hot_vocab(mass, size)
+
+
+def init_weights_from(drafter: DSparkDrafter, config, ckpt: Path) -> None:
+    """Load a committed drafter's weights (same config) into a new run's drafter."""
+    if load_config(ckpt).to_dict() != config.to_dict():
+        raise ValueError(f"--init-weights {ckpt}: its config differs from this run's (block size, layers, heads ...)")
+    state = load_file(str(ckpt / WEIGHTS_NAME))
+    drafter.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
 
 
 def main(argv=None) -> int:
@@ -141,13 +162,17 @@ def main(argv=None) -> int:
         drafter = DSparkDrafter(config, target.embed_tokens, target.lm_head)
         if args.init == "target-last-layer":
             print(f"init: {init_from_target_last_layer(drafter, target)}", flush=True)
+        if args.init_weights is not None and not (out / STATE_NAME).is_file():
+            init_weights_from(drafter, config, Path(args.init_weights))
+            print(f"init: the weights of {args.init_weights} (a fresh optimizer)", flush=True)
         mass = store.mass()
-        hot_ids = training_vocab(out, mass, args.hot_vocab)
+        hot_ids = training_vocab(out, mass, args.hot_vocab, None if args.init_weights is None else Path(args.init_weights))
         loop = LoopConfig(seed=args.seed, lr=args.lr, min_lr_ratio=args.min_lr_ratio, warmup_steps=args.warmup_steps,
                           seqs_per_step=args.seqs_per_step, anchors_per_seq=args.anchors_per_seq,
                           max_steps=args.max_steps, time_budget_s=args.time_budget_min * 60,
                           save_every_s=args.save_every_min * 60, eval_every_s=args.eval_every_min * 60, bf16=args.bf16,
-                          objective=args.objective)
+                          objective=args.objective, recent_context=args.recent_context,
+                          recent_context_s=args.recent_context_min * 60)
         trainer = Trainer(drafter, store, loop, state_dir=out, hot_ids=hot_ids, heldout=heldout,
                           log=lambda line: print(line, flush=True))
     except (FileNotFoundError, ValueError) as e:

@@ -43,6 +43,12 @@ class LoopConfig:
     grad_clip: float = 1.0
     bf16: bool = False  # CPU autocast to bfloat16 for the matmuls
     objective: str = "dspark"  # train/losses.py: "dspark" (the paper's) or "kl"
+    # curriculum: for the first `recent_context_s` seconds of training a block sees only the last
+    # `recent_context` context positions, so its first position learns to read the target's state h_t
+    # (attention over hundreds of positions found it slowly: a drafter trailed a linear probe of
+    # [h_t; E(x_t+1)]); then the whole context, as inference sees it
+    recent_context: int = 1
+    recent_context_s: float = 0.0
 
 
 class Trainer:
@@ -123,12 +129,13 @@ class Trainer:
         decay = loop.min_lr_ratio + (1 - loop.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(done, 1.0)))
         return loop.lr * warm * decay
 
-    def forward(self, batch):
+    def forward(self, batch, context_window: int | None = None):
         """(draft logits, conf logits, target probs, outside mass, labels) over the training
         vocabulary (the hot one, or the whole)."""
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.loop.bf16), \
                 hot_vocabulary(self.drafter, self.hot_ids, self.hot_lm_head):
-            out = self.drafter.forward_train(batch.input_ids, batch.context, batch.anchor_pos, batch.anchor_valid)
+            out = self.drafter.forward_train(batch.input_ids, batch.context, batch.anchor_pos, batch.anchor_valid,
+                                             context_window)
         with torch.no_grad():
             if self.hot_ids is None:
                 probs, outside = target_probs(batch.target_final, self.drafter.lm_head_weight, None)
@@ -145,7 +152,8 @@ class Trainer:
     def train_step(self) -> dict:
         self.drafter.train()
         batch = self.make_batch(self.store, self._next_indices(), self.generator)
-        logits, conf, probs, outside, labels = self.forward(batch)
+        window = self.loop.recent_context if self.elapsed_s < self.loop.recent_context_s else None
+        logits, conf, probs, outside, labels = self.forward(batch, window)
         if self.loop.objective == "kl":
             argmax = batch.target_argmax if self.label_index is None else self.label_index[batch.target_argmax]
             loss = kl_loss(logits, conf, probs, argmax, batch.valid, outside)

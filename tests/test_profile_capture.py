@@ -31,6 +31,20 @@ def test_capture_measures_every_probe_at_the_forced_budget():
     assert section.table().table == section.additive and section.cost.max_batch_tokens == 32
 
 
+def test_capture_probes_with_greedy_requests_unless_told_otherwise():
+    """Greedy probe requests draft through the greedy chain, the path greedy traffic takes; seeded
+    sampled ones draft position by position and priced a drafted step higher than greedy serving paid."""
+    submitted = []
+    for temperature in (0.0, 0.8):
+        engine = tiny_engine("scheduled", max_running=2)
+        submit = engine.submit
+        engine.submit = lambda ids, params, cb, **kw: submitted.append(params) or submit(ids, params, cb, **kw)
+        capture(engine, [5, 6, 7, 8], requests=[2], points=2, warmup=0, repeats=1, temperature=temperature)
+    greedy, sampled = submitted[: len(submitted) // 2], submitted[len(submitted) // 2:]
+    assert greedy and all(p.temperature == 0.0 and p.seed is None for p in greedy)
+    assert sampled and all(p.temperature == 0.8 and p.seed is not None for p in sampled)
+
+
 def _bucketed_step_ms(r, b):
     # 10 + R + drafter (3R + 4, skipped at budget 0) + a verify cost of B that jumps every 8 tokens
     return 10 + r + (3 * r + 4 if b > r else 0) + 5 + 0.1 * b + 4 * ((b + 7) // 8)

@@ -25,12 +25,14 @@ def budget_grid(num_requests: int, gamma: int, points: int) -> list[int]:
     return sorted({round(i * top / (points - 1)) for i in range(points)})
 
 
-def _start_requests(engine, prompt_ids: list[int], count: int, max_tokens: int, max_steps: int = 10_000) -> None:
+def _start_requests(engine, prompt_ids: list[int], count: int, max_tokens: int, max_steps: int = 10_000,
+                    temperature: float = 0.0) -> None:
     """Submit `count` requests and step until each has its first token (its prefill is done)."""
     started: set[str] = set()
     for i in range(count):
-        engine.submit(prompt_ids, SamplingParams(max_tokens=max_tokens, temperature=1.0, ignore_eos=True, seed=i),
-                      lambda out: started.add(out.request_id))
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, ignore_eos=True,
+                                seed=i if temperature > 0 else None)
+        engine.submit(prompt_ids, params, lambda out: started.add(out.request_id))
     for _ in range(max_steps):
         if len(started) == count:
             return
@@ -39,8 +41,13 @@ def _start_requests(engine, prompt_ids: list[int], count: int, max_tokens: int, 
 
 
 def capture(engine, prompt_ids: list[int], *, requests: list[int], points: int = 9, warmup: int = 2,
-            repeats: int = 7, rounds: int = 1, seed: int = 0, progress=None) -> dict[tuple[int, int], list[float]]:
-    """Step times (ms) per (R, B) probe. `engine` is an `Engine` in scheduled mode, not started."""
+            repeats: int = 7, rounds: int = 1, seed: int = 0, temperature: float = 0.0,
+            progress=None) -> dict[tuple[int, int], list[float]]:
+    """Step times (ms) per (R, B) probe. `engine` is an `Engine` in scheduled mode, not started.
+
+    The probe requests decode at `temperature`: greedy (0) by default, whose drafts go through the
+    greedy chain; seeded sampled requests draft position by position and price a drafted step higher
+    (the online learner corrects a table for the traffic it serves)."""
     gamma = engine.gamma
     grid = [(r, b) for r in requests for b in budget_grid(r, gamma, points)]
     rng = random.Random(seed)
@@ -55,7 +62,7 @@ def capture(engine, prompt_ids: list[int], *, requests: list[int], points: int =
         for num_requests, budget in order:
             engine.abort_all()  # fresh requests per probe: every probe sees the same short context
             engine.set_forced_budget(None)
-            _start_requests(engine, prompt_ids, num_requests, max_tokens)
+            _start_requests(engine, prompt_ids, num_requests, max_tokens, temperature=temperature)
             engine.set_forced_budget(min(1.0, (budget + 0.5) / (num_requests * gamma)))
             for _ in range(warmup):
                 engine.step()

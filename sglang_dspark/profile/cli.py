@@ -228,6 +228,9 @@ def _add_capture(sub) -> None:
     p.add_argument("--tier", action="append", default=[], metavar="NAME:TOK_S:TTFT_S:CONCURRENCY",
                    help="SLA tier to record, e.g. interactive:20:2:4 (repeatable)")
     p.add_argument("--seed", type=int, default=0, help="seed of the probe order and the engine")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="the probe requests' temperature: 0 (greedy) drafts through the greedy chain; > 0 (seeded "
+                        "sampling) drafts position by position and prices a drafted step higher")
     p.add_argument("--dtype", choices=FORMAT_CHOICES, default="auto",
                    help="weight format of the engine measured, as launch --dtype (auto: as launch resolves it on this CPU); the "
                         "profile's fingerprint records it")
@@ -275,7 +278,8 @@ def _run_capture(args) -> int:
     total = args.rounds * sum(len(budget_grid(r, engine.gamma, args.points)) for r in requests)
     with tqdm(total=total, desc="SPS probes", unit="probe") as bar:
         samples = capture(engine, prompt, requests=requests, points=args.points, warmup=args.warmup,
-                          repeats=args.repeats, rounds=args.rounds, seed=args.seed, progress=bar)
+                          repeats=args.repeats, rounds=args.rounds, seed=args.seed, temperature=args.temperature,
+                          progress=bar)
     section = fit_section(summarize(samples), max(requests) * (engine.gamma + 1), skips_drafter_at_budget_0=True)
     profile = SlaProfile(
         version=SCHEMA_VERSION, name=args.name or args.out.stem,

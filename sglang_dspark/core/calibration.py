@@ -52,9 +52,11 @@ class StsCalibration(StrictModel):
 
 
 def apply_sts(conf_logits: torch.Tensor, temperatures: torch.Tensor | None) -> torch.Tensor:
-    """Conditional survival c = sigmoid(z / T) per position; T = None means uncalibrated."""
+    """Conditional survival c = sigmoid(z / T) per position; T = None means uncalibrated. A block cut
+    short (fewer positions than temperatures) takes the temperatures of its positions."""
     if temperatures is None:
         return torch.sigmoid(conf_logits.float())
+    temperatures = temperatures[..., : conf_logits.shape[-1]]
     return torch.sigmoid(conf_logits.float() / temperatures.to(conf_logits.device, torch.float32))
 
 

@@ -82,13 +82,18 @@ def load_drafter(ckpt_dir, target_embed, target_lm_head, dtype=torch.float32, *,
     PyTorch's layout; the engine repacks them for its CPU GEMMs (engine/cpu/weight_layout.py)."""
     config = load_config(ckpt_dir)
     drafter = DSparkDrafter(config, target_embed, target_lm_head)
-    state = load_file(str(Path(ckpt_dir) / WEIGHTS_NAME))
-    drafter.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True)
+    load_weights(drafter, ckpt_dir, dtype)
     drafter = drafter.to(dtype).eval()
     vocab_file = Path(ckpt_dir) / DRAFT_VOCAB_NAME
     if draft_vocab and vocab_file.exists():
         drafter.set_draft_vocab(load_draft_vocab(vocab_file))
     return drafter
+
+
+def load_weights(drafter: DSparkDrafter, ckpt_dir, dtype=torch.float32) -> None:
+    """The directory's model.safetensors into `drafter` (same config), every tensor as `dtype`."""
+    state = load_file(str(Path(ckpt_dir) / WEIGHTS_NAME))
+    drafter.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True)
 
 
 def save_draft_vocab(token_ids, out_dir) -> Path:

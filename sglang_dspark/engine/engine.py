@@ -348,7 +348,7 @@ class Engine:
                 if any(grammars):
                     sampler.rollback()
             drafts, probs, conf_logits = out.tokens, out.probs, out.conf_logits
-            conf = apply_sts(conf_logits, None if self.sts is None else self.sts[: conf_logits.shape[1]])
+            conf = apply_sts(conf_logits, self.sts)
             lens = self.policy.allocate(conf, plan)
             lens[[i for i, r in enumerate(reqs) if r.no_draft]] = 0  # canary replays verify no draft
         drafted_at = self.clock()

@@ -19,10 +19,9 @@ import sys
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from sglang_dspark.drafter import DSparkDraftConfig, DSparkDrafter, load_config, save_drafter
-from sglang_dspark.drafter.checkpoint import DRAFT_VOCAB_NAME, WEIGHTS_NAME, load_draft_vocab, save_draft_vocab
+from sglang_dspark.drafter.checkpoint import DRAFT_VOCAB_NAME, load_draft_vocab, load_weights, save_draft_vocab
 from sglang_dspark.train import CURVE_NAME, SUMMARY_NAME
 from sglang_dspark.train.draft_vocab import hot_vocab
 from sglang_dspark.train.curve import plot_curve
@@ -135,8 +134,7 @@ def init_weights_from(drafter: DSparkDrafter, config, ckpt: Path) -> None:
     """Load a committed drafter's weights (same config) into a new run's drafter."""
     if load_config(ckpt).to_dict() != config.to_dict():
         raise ValueError(f"--init-weights {ckpt}: its config differs from this run's (block size, layers, heads ...)")
-    state = load_file(str(ckpt / WEIGHTS_NAME))
-    drafter.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+    load_weights(drafter, ckpt)
 
 
 def main(argv=None) -> int:

@@ -126,7 +126,7 @@ def known_crash_guards(mode: str, tp: int) -> list[tuple[list[str], str]]:
     on, each with the one line it prints. Compact verify under CUDA graphs with the overlap scheduler
     on several GPUs can hit an illegal memory access at a graph-size change (sglang#31023, reported at
     TP 4 and 8; the same workloads ran clean with overlap off), so a scheduled deployment with --tp > 1
-    runs without overlap."""
+    runs without overlap; `known_crash` refuses the command should it ever lack the flag."""
     if mode == "scheduled" and tp > 1:
         return [(["--disable-overlap-schedule"],
                  f"--tp {tp} with --mode scheduled: SGLang's overlap scheduler is turned off (--disable-overlap-schedule): "
@@ -139,6 +139,57 @@ def guard_notes(d: Deployment) -> list[str]:
     """What the launcher changed to keep `d` off a known crash, a line each (printed at launch)."""
     mode = {"static": "full", "compact": "scheduled"}.get(capture_phase(d), d.mode)
     return [note for _, note in known_crash_guards(mode, d.tp)]
+
+
+def native_block_size(draft_dir: str | Path) -> int | None:
+    """The block size SGLang 0.5.23's DSpark draft model runs a checkpoint at (its
+    `parse_dspark_draft_config`: `dspark_block_size`, then `dflash_config.block_size`, then
+    `block_size`); None when config.json names none or cannot be read. Mirrored rather than
+    imported: importing SGLang's config module takes most of a minute."""
+    try:
+        config = json.loads((Path(draft_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    nested = config.get("dflash_config") if isinstance(config.get("dflash_config"), dict) else {}
+    for value in (config.get("dspark_block_size"), nested.get("block_size"), config.get("block_size")):
+        if value is not None:
+            return int(value)
+    return None
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    """The value after `name` in argv ("" for a bare flag), None when absent."""
+    if name not in argv:
+        return None
+    i = argv.index(name)
+    return argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else ""
+
+
+def known_crash(argv: list[str], env: dict[str, str], draft: str | None = None) -> str | None:
+    """Why SGLang 0.5.23 is known to crash on this DSpark command (one line), else None. It reads
+    the command as written, so it holds whatever path built it."""
+    if _flag(argv, "--speculative-algorithm") != "DSPARK":
+        return None
+    if (_flag(argv, "--disaggregation-mode") or "null") != "null":
+        return ("PD disaggregation (--disaggregation-mode) with DSpark: SGLang's DSpark cookbooks do not support it; "
+                "serve prefill and decode in one server")
+    attn_dp = max(int(_flag(argv, f) or 1) for f in ("--attn-dp-size", "--attention-data-parallel-size"))
+    if attn_dp > 1 or _flag(argv, "--enable-dp-attention") is not None:
+        return ("DP attention with DSpark: SGLang's DSpark cookbooks do not support it (and compact verify under it "
+                "refuses CUDA graphs); use --dp for data-parallel replicas")
+    compact = env.get("SGLANG_RAGGED_VERIFY_MODE") == "compact"
+    tp = int(_flag(argv, "--tp-size") or 1)
+    if compact and tp > 1 and _flag(argv, "--disable-overlap-schedule") is None \
+            and _flag(argv, "--disable-cuda-graph") is None:
+        return (f"compact verify at --tp {tp} with CUDA graphs and the overlap scheduler on: illegal memory access "
+                "at a graph-size change (sglang#31023); add --disable-overlap-schedule")
+    passed, native = _flag(argv, "--speculative-dspark-block-size"), native_block_size(draft) if draft else None
+    if compact and passed and native is not None and int(passed) != native:
+        return (f"compact verify runs the drafter at its checkpoint's own block size {native} (config.json's "
+                f"dspark_block_size / dflash_config.block_size come first) and ignores "
+                f"--speculative-dspark-block-size {passed} (sglang#34023); make config.json's block sizes agree, "
+                "or use --mode full")
+    return None
 
 
 def table_is_none_to_sglang(sps_path: str) -> bool:
@@ -214,6 +265,9 @@ def commands(d: Deployment) -> list[NodeCommand]:
         argv += flags
     if d.dp > 1:
         argv += ["--dp-size", str(d.dp)]
+    crash = known_crash(argv, env, d.draft)
+    if crash is not None:
+        raise SglangLaunchError(crash)
     if d.nnodes == 1:
         return [NodeCommand(0, argv, env)]
     if not d.dist_init_addr:

@@ -283,3 +283,75 @@ def test_a_one_probe_table_is_refused_for_scheduled_serving_as_sglang_would_igno
                           "--dry-run", "--mode", "scheduled", "--profile", str(profile)])
         err = capsys.readouterr().err.strip()
         assert (rc == 2) is refused and (not refused or ("one probe" in err and "\n" not in err))
+
+
+def _scheduled_tp2(dirs, capsys) -> tuple[dict[str, str], list[str]]:
+    profile = dirs / "profile-tp2.yaml"
+    make_profile(engine="sglang", target_dir=dirs / "target", draft_dir=dirs / "draft", tp=2).save(profile)
+    (env, argv), = _dry_run(dirs, capsys, "--mode", "scheduled", "--profile", str(profile), "--tp", "2")
+    return env, argv
+
+
+@pytest.mark.parametrize("extra,why", [
+    (["--disaggregation-mode", "decode"], "PD disaggregation"),
+    (["--attn-dp-size", "2"], "DP attention"),
+    (["--attention-data-parallel-size", "2"], "DP attention"),
+])
+def test_pd_disaggregation_and_dp_attention_with_dspark_are_refused(dirs, capsys, server_args, extra, why):
+    """No launcher flag emits them today; the check reads the command as written, so a DSpark command
+    that carries one (SGLang's own spelling: its parser takes it) is refused, in one line."""
+    from sglang_dspark.launch_sglang import known_crash
+
+    parser, _ = server_args
+    env, argv = _scheduled_tp2(dirs, capsys)
+    assert known_crash(argv, env) is None
+    parser.parse_args(argv + extra)
+    reason = known_crash(argv + extra, env)
+    assert reason is not None and why in reason and "\n" not in reason
+    assert known_crash([a for a in argv if a != "DSPARK"] + extra, env) is None  # plain SGLang: not ours to refuse
+
+
+def test_compact_verify_on_several_gpus_with_overlap_on_is_refused(dirs, capsys):
+    """sglang#31023: the guard adds --disable-overlap-schedule; a compact multi-GPU command without it
+    is refused, so the guard cannot be dropped silently."""
+    from sglang_dspark.launch_sglang import known_crash
+
+    env, argv = _scheduled_tp2(dirs, capsys)
+    bare = [a for a in argv if a != "--disable-overlap-schedule"]
+    assert "--disable-overlap-schedule" in argv and known_crash(argv, env) is None
+    assert "sglang#31023" in known_crash(bare, env)
+    assert known_crash(bare, {**env, "SGLANG_RAGGED_VERIFY_MODE": "static"}) is None  # static verify: no report
+
+
+@pytest.mark.parametrize("config,native", [
+    ({"block_size": 3, "dspark_block_size": 5}, 5),
+    ({"block_size": 3, "dflash_config": {"block_size": 4}}, 4),
+    ({"block_size": 3}, 3),
+])
+def test_a_drafter_sglang_runs_at_another_block_size_is_refused_in_compact_mode(dirs, capsys, config, native):
+    """sglang#34023: compact verify runs the drafter at its checkpoint's own block size, which SGLang reads
+    from dspark_block_size / dflash_config first, and ignores --speculative-dspark-block-size; the
+    launcher passes config.json's top-level block_size. Where the two differ compact mode is refused."""
+    from sglang.srt.speculative.dspark_components.dspark_config import parse_dspark_draft_config
+
+    from sglang_dspark.launch_sglang import native_block_size
+
+    draft = dirs / "draft-native"
+    draft.mkdir()
+    (draft / "config.json").write_text(json.dumps({**config, "architectures": ["DSparkDraftModel"],
+                                                   "target_layer_ids": [0, 1], "mask_token_id": 0}))
+    (draft / "model.safetensors").write_bytes(b"draft-weights")
+    assert parse_dspark_draft_config(draft_hf_config=json.loads((draft / "config.json").read_text())).gamma == native
+    assert native_block_size(draft) == native  # the launcher's reading is SGLang's
+    profile = dirs / "native.yaml"
+    make_profile(engine="sglang", target_dir=dirs / "target", draft_dir=draft).save(profile)
+    base = ["--model", str(dirs / "target"), "--draft", str(draft), "--engine", "sglang", "--dry-run",
+            "--profile", str(profile)]
+    refused = native != 3
+    for mode, compact in (("scheduled", True), ("full", False)):
+        rc = launch.main([*base, "--mode", mode])
+        err = capsys.readouterr().err.strip()
+        assert (rc == 2) is (refused and compact), err
+        assert rc == 0 or ("sglang#34023" in err and f"block size {native}" in err and "\n" not in err)
+    rc = launch.main([*base, "--profile-capture"])  # phase 2 of the capture is compact verify too
+    assert (rc == 2) is refused and (not refused or "sglang#34023" in capsys.readouterr().err)

@@ -33,7 +33,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from sglang_dspark.sglang_plugin import guard
-from sglang_dspark.sglang_plugin.settings import profile_table, settings
+from sglang_dspark.sglang_plugin.settings import profile_table, refuse_inert_planner, settings
 
 logger = logging.getLogger(__name__)
 
@@ -429,10 +429,11 @@ def after_scheduler_shutdown(*_args, **_kwargs) -> None:
 def after_observers_init(result, observers, *args, **kwargs) -> None:
     """AFTER DsparkStepObservers.__init__: read the plugin's settings now, so that a bad profile or
     tier stops the worker at start (before a router sends it traffic), not at its first decode step;
-    and refuse STS collection in compact mode."""
+    refuse a tier or learning SGLang's planner would never consult, and STS collection in compact mode."""
     from sglang_dspark.sglang_plugin.sts import refuse_compact_collection
 
     settings()
+    refuse_inert_planner(observers)
     refuse_compact_collection(result, observers, *args, **kwargs)
 
 

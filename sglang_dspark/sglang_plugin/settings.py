@@ -67,6 +67,21 @@ def settings() -> PluginSettings:
                           os.environ.get(EXPORT_DIR_ENV) or None)
 
 
+def refuse_inert_planner(observers) -> None:
+    """At worker start: with a tier or learning configured, SGLang's planner must call the budget hook.
+    In compact mode with a table SGLang reads as uninitialized (one probe, no additive table) it
+    verifies every draft and never calls it, so the tier would be silently ignored: refuse (one line)."""
+    plugin = settings()
+    planner = getattr(observers, "_planner", None)
+    if plugin.changes_decisions and getattr(planner, "is_verify_all", False):
+        from sglang_dspark.profile.schema import ProfileError
+
+        what = f"SLA tier {plugin.tier.name!r}" if plugin.tier is not None else "online SPS learning"
+        raise ProfileError(f"{what} would not apply: SGLang reads its --speculative-dspark-sps-table-path as no table "
+                           "(one probe, no additive table), so its planner verifies every draft and never asks for "
+                           "a budget; serve a full profile (both capture phases)")
+
+
 @functools.lru_cache(maxsize=1)
 def profile_table():
     """The profile's table as SGLang's worker runs it: always drafting (no drafter-skip saving)."""

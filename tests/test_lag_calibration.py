@@ -84,11 +84,43 @@ def test_rows_are_grouped_by_age_and_each_group_learns_alone():
     for _ in range(50):  # 3 drafts verified, the first survives: positions 1 and 2 reached, one success
         cal.observe(1, np.full(GAMMA, 0.8), verify_len=3, accepted=1)
     assert cal.reached[1].tolist() == [50, 50, 0, 0, 0, 0, 0]
-    assert torch.equal(cal.coefficients()[[0, 2]], torch.tensor([[0.0, 1.0], [0.0, 1.0]]))
-    conf = torch.full((2, GAMMA), 0.8)
-    corrected = cal.correct(conf, [1, 0])
+    assert torch.equal(cal.coefficients()[0], torch.tensor([0.0, 1.0]))  # the prior learned nothing
+    assert torch.equal(cal.coefficients()[2], cal.coefficients()[1])  # older rows: the chain's fit until their own
+    conf = torch.full((3, GAMMA), 0.8)
+    corrected = cal.correct(conf, [1, 0, 2])
     assert corrected[0].tolist() == pytest.approx([0.5] * GAMMA, abs=0.03)  # half of them survived
     assert torch.equal(corrected[1], conf[1])
+    assert torch.equal(corrected[2], corrected[0])
+    for _ in range(200):  # older rows that turn out better than the chain's: their group leaves the chain's fit
+        cal.observe(2, np.full(GAMMA, 0.8), verify_len=2, accepted=2)
+    assert cal.correct(conf, [2])[0, 0] > 0.9 and cal.correct(conf, [1])[0, 0] == corrected[0, 0]
+
+
+def test_a_lagged_row_that_under_promises_is_read_up_to_what_survives():
+    """Rows that say 0.1 while their drafts survive 0.6 of the time: read as they are, a step with
+    them never drafts where drafting pays. The fit reads them up, and the predicted survivors per
+    drafted step match the realized ones."""
+    planner = AsyncPlanner(TABLE, GAMMA, lag=2, calibrate_lag=True)
+    outcomes = drive(planner, 1200, claimed=0.1, accept=0.6)
+    late = outcomes[200:]
+    predicted, realized = sum(p for p, _ in late), sum(r for _, r in late)
+    assert realized > 0 and abs(predicted - realized) / realized <= 0.10, (predicted, realized)
+    as_read = AsyncPlanner(TABLE, GAMMA, lag=2)
+    drive(as_read, 3, claimed=0.1, accept=0.6)
+    assert as_read.capacity(["r0", "r1"]) == 0 < planner.capacity(["r0", "r1"])
+
+
+def test_a_stale_low_row_drafts_again_where_the_chain_says_drafts_pay():
+    """A request whose last row said little has not drafted since, so its row ages into the older
+    group. Read as it is it would never draft again (nothing replaces the row); it is read through
+    the chain's fit, which says what such rows have been worth."""
+    planner = AsyncPlanner(TABLE, GAMMA, lag=1, calibrate_lag=True)
+    drive(planner, 300, claimed=0.1, accept=0.6, num=1)
+    planner.observe(["r0"], torch.full((1, GAMMA), 0.02))  # a low row, then steps that do not draft
+    for _ in range(5):
+        planner.capacity(["r0"])
+    assert planner._groups(["r0"]) == [2]
+    assert planner.capacity(["r0"]) > 0
 
 
 def test_a_row_that_promises_more_is_worth_no_more_when_its_drafts_survive_alike():

@@ -8,12 +8,19 @@ benchmarks/planned_drafts.py: a chain's lagged rows promised far more surviving 
 
 This module learns, per age group of the row, what a lagged conditional confidence x has been worth:
 over every verified draft whose predecessors all survived, the outcome y (1 if it survived) against
-the x the lagged row gave it, fitted as y = a + b x by least squares, pulled toward the identity
-(a = 0, b = 1) by `pseudo_drafts` pseudo-observations, so it starts as no correction and moves only
-with verified outcomes. A multiplicative factor cannot express what the measurements show for a
-weak drafter: lagged rows that promise 0.99 survive as often as those that promise 0.4 (b near 0),
-and the planner drafts exactly where the row promises most. The corrected confidence is never
-above the row's own (min(x, a + b x)): an over-promise costs a step, an under-promise a draft.
+the x the lagged row gave it, fitted as y = a + b x by least squares, pulled by `pseudo_drafts`
+pseudo-observations toward a target: the identity (a = 0, b = 1) for a chain's rows and the prior,
+the chain's own fit for older rows. So it starts as no correction and moves only with verified
+outcomes. A multiplicative factor cannot express what the measurements show for a weak drafter:
+lagged rows that promise 0.99 survive as often as those that promise 0.4 (b near 0), and the planner
+drafts exactly where the row promises most.
+
+The corrected confidence is the fit itself, above the row's own where rows under-promise: a row read
+low keeps its request from drafting, so nothing replaces it until a probe, and a drafter whose
+drafts survive whatever the row said is then never verified where it pays (a low row read as it is
+stops a chain as surely as a high one read as it is starts one). Older rows, those of a request that
+has not drafted since, start from the chain's fit rather than the identity for the same reason: a
+stale low row read as it is would never draft again, so it would never teach its own group.
 Pooled over draft positions: the relation does not depend on which positions a step verified, and
 a per-position fit that noise pushed down would get its position verified less often and never
 recover. The survival the planner reads is the running product of the corrected confidences.
@@ -51,14 +58,13 @@ class LagCalibration:
         return 1 if age <= self.lag else 2
 
     def coefficients(self) -> torch.Tensor:
-        """[groups, 2]: (a, b) of each group's fit (0, 1 where nothing was observed)."""
+        """[groups, 2]: (a, b) of each group's fit (its target where nothing was observed)."""
         return self._coef
 
     def correct(self, conf: torch.Tensor, groups: list[int]) -> torch.Tensor:
-        """The lagged conditional confidences [R, G] as they have held up: min(x, a + b x) in [0, 1]."""
+        """The lagged conditional confidences [R, G] as they have held up: a + b x in [0, 1]."""
         coef = self._coef[torch.as_tensor(groups, dtype=torch.int64)]
-        fitted = coef[:, :1] + coef[:, 1:] * conf
-        return torch.minimum(conf, fitted).clamp_(0.0, 1.0)
+        return (coef[:, :1] + coef[:, 1:] * conf).clamp_(0.0, 1.0)
 
     def observe(self, group: int, conf: np.ndarray, verify_len: int, accepted: int) -> None:
         """One request's verified step: `conf` [G] is the lagged row the capacity read (uncorrected
@@ -71,11 +77,17 @@ class LagCalibration:
         y = (np.arange(reached) < accepted).astype(np.float64)
         self._sums[group] += (reached, x.sum(), y.sum(), (x * x).sum(), (x * y).sum())
         self.reached[group, :reached] += 1
-        n, sx, sy, sxx, sxy = self._sums[group]
-        lam = self.pseudo_drafts  # ridge toward (a, b) = (0, 1)
-        a, b = np.linalg.solve([[n + lam, sx], [sx, sxx + lam]], [sy, sxy + lam])
-        self._coef[group] = torch.tensor([a, b], dtype=torch.float32)
+        self._refit()
         self.version += 1
+
+    def _refit(self) -> None:
+        # the chain's group first: it is the older rows' target
+        for group in (1, 0, 2):
+            target = self._coef[1].double().numpy() if group == 2 else np.array([0.0, 1.0])
+            n, sx, sy, sxx, sxy = self._sums[group]
+            lam = self.pseudo_drafts  # ridge toward the target
+            a, b = np.linalg.solve([[n + lam, sx], [sx, sxx + lam]], [sy + lam * target[0], sxy + lam * target[1]])
+            self._coef[group] = torch.tensor([a, b], dtype=torch.float32)
 
     def summary(self) -> dict:
         """Per group: reached drafts, their mean lagged confidence and survival, the fit (for the

@@ -65,12 +65,14 @@ def test_capture_http_writes_a_valid_profile(server, tmp_path, capsys):
     out = tmp_path / "http.yaml"
     rc = profile_main(["capture-http", "--base-url", base, "--out", str(out), "--fractions", "0.25,1.0",
                        "--concurrency", "1,3", "--max-new-tokens", "12", "--min-samples", "2", "--warmup-steps", "1",
-                       "--tier", "interactive:20:2:3", "--timeout", "60"])
+                       "--tier", "interactive:20:2:3", "--tier", "batch:x0.25:9:3", "--timeout", "60"])
     assert rc == 0, capsys.readouterr().err
     assert capsys.readouterr().out.startswith(f"wrote {out}: http: engine=reference")
     profile = SlaProfile.load(out)  # the schema's own checks passed
     assert profile.fingerprint.engine == "reference" and profile.fingerprint.gamma == engine.engine.gamma == 4
     assert profile.provenance.source == "capture-http"
+    alone = float(profile.sps_table()(1, num_requests=1, drafted=False))
+    assert [(t.name, t.tok_s_per_user) for t in profile.sla_tiers] == [("interactive", 20.0), ("batch", round(0.25 * alone, 1))]
     assert profile.fingerprint.target_sha256 == "unknown"  # no --model given
     rows = profile.sps.measurements
     assert rows and all(r.repeats >= 2 for r in rows)

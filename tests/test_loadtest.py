@@ -154,7 +154,7 @@ def test_tiers_from_flags_and_from_the_shipped_profile():
             parse_tier(bad)
     tiers = profile_tiers(REPO / "sla_profiles" / "smollm2-135m-instruct-cpu.yaml")
     assert [(t.name, t.tok_s_per_user, t.max_concurrency) for t in tiers] == [
-        ("interactive", 12.0, 2), ("batch", 4.0, 16)]
+        ("interactive", 12.3, 4), ("batch", 3.7, 16)]
 
 
 def test_gate_checks_only_steps_within_the_tiers_concurrency():

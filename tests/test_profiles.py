@@ -23,6 +23,8 @@ from sglang_dspark.profile.schema import (
     SlaProfile,
     SlaTier,
     SpsSection,
+    parse_tiers,
+    single_stream_speed,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -110,6 +112,20 @@ def test_accessors():
     with pytest.raises(ProfileError, match=r"no tier 'gold' \(known: interactive, batch\)"):
         profile.tier("gold")
 
+
+
+def test_a_tier_relative_to_the_tables_single_stream_speed():
+    table = make_profile(additive=True).sps_table()
+    alone = 1.0 / float(table.seconds_at(1, 1, False))
+    assert single_stream_speed(table) == pytest.approx(alone, rel=1e-12)
+    half, fixed = parse_tiers(["interactive:x0.5:2:4", "batch:7:10:16"], table)
+    assert half == SlaTier(name="interactive", tok_s_per_user=round(0.5 * alone, 1), ttft_s=2.0, max_concurrency=4)
+    assert fixed.tok_s_per_user == 7.0
+    with pytest.raises(ProfileError, match=r"^--tier a:x0.5:2:4: a relative speed \(xF\) needs"):
+        SlaTier.parse("a:x0.5:2:4")
+    for bad in ("a:x:2:4", "a:x-1:2:4", "a:xx2:2:4"):
+        with pytest.raises(ProfileError, match=f"^--tier {bad}: "):
+            parse_tiers([bad])  # checked before a capture starts
 
 BAD_EDITS = [
     # (old, new, words the one-line reason must contain)
@@ -334,6 +350,44 @@ def test_cli_set_sts_embeds_checks_and_clears(tmp_path, good_yaml, capsys):
     assert "sts.temperatures" in capsys.readouterr().err and out.read_bytes() == before
     assert main(["set-sts", str(out), "--clear"]) == 0 and SlaProfile.load(out).sts is None
 
+
+
+def test_cli_set_tiers_resolves_relative_tiers_on_the_profiles_table(tmp_path, good_yaml, capsys):
+    from sglang_dspark.profile.cli import main
+
+    out = tmp_path / "tiers.yaml"
+    assert main(["set-tiers", str(good_yaml), "--tier", "interactive:x0.5:2:4", "--tier", "bulk:3:10:16",
+                 "--out", str(out)]) == 0
+    loaded, before = SlaProfile.load(out), SlaProfile.load(good_yaml)
+    alone = single_stream_speed(before.sps_table())
+    assert [(t.name, t.tok_s_per_user, t.max_concurrency) for t in loaded.sla_tiers] == [
+        ("interactive", round(0.5 * alone, 1), 4), ("bulk", 3.0, 16)]
+    assert loaded.sps == before.sps and loaded.sts == before.sts  # nothing else changes
+    capsys.readouterr()
+    snapshot = out.read_bytes()
+    assert main(["set-tiers", str(out), "--tier", "a:x0.5:2:4", "--tier", "a:1:2:4"]) == 2  # duplicate name
+    assert "sla_tiers[1].name: duplicate" in capsys.readouterr().err and out.read_bytes() == snapshot
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "sla_profiles").glob("*.yaml")), ids=lambda p: p.stem)
+def test_a_shipped_interactive_tier_binds(path):
+    """SLA mode must mean something on every shipped profile: at some batch size within the tier,
+    where throughput mode would verify the confident requests' drafts and slow the one that is not
+    below the tier, SLA mode verifies fewer. A tier set below what a plain step already gives every
+    user (the old fixed 12 tok/s) never binds."""
+    from sglang_dspark.core.schedule import decide_budget, decide_budget_sla
+
+    profile = SlaProfile.load(path)
+    table, gamma, tier = profile.sps_table(), profile.fingerprint.gamma, profile.tier("interactive")
+    smaller = []
+    for r in range(2, tier.max_concurrency + 1):
+        conf = torch.cat([torch.full((r - 1, gamma), 0.9), torch.full((1, gamma), 0.05)])
+        survival = torch.cumprod(conf, dim=1)
+        throughput = decide_budget(survival, table).budget
+        sla = decide_budget_sla(survival, table, tier.tok_s_per_user).budget
+        assert sla <= throughput
+        smaller.append(sla < throughput)
+    assert any(smaller), f"{path.name}: the interactive tier ({tier.tok_s_per_user} tok/s/user) never binds"
 
 # -- CLI errors: one line on stderr, exit 2, naming the flag and the file ------------------------------
 def _one_line_error(argv: list[str], capsys) -> str:

@@ -50,9 +50,13 @@ def test_server_info_reports_the_learned_table(learned_server):
 def test_snapshot_validates_and_launch_uses_it(learned_server, tmp_path, capsys):
     target, draft, base = learned_server
     out = tmp_path / "learned.yaml"
-    assert profile_main(["snapshot", "--base-url", base, "--out", str(out), "--tier", "fast:20:2:4"]) == 0
+    assert profile_main(["snapshot", "--base-url", base, "--out", str(out), "--tier", "fast:20:2:4",
+                        "--tier", "half:x0.5:2:4"]) == 0
     assert capsys.readouterr().out.startswith(f"wrote {out}")
     profile = SlaProfile.load(out)
+    alone = 1.0 / profile.sps_table().seconds_at(1, 1, False)  # one request, not drafting, on the table written
+    assert profile.tier("fast").tok_s_per_user == 20.0
+    assert profile.tier("half").tok_s_per_user == pytest.approx(0.5 * float(alone), abs=0.05)
     assert profile.provenance.source == "snapshot" and profile.sps.additive is not None
     assert profile.sps.measurements and out.with_suffix(".png").is_file()
     # What the (now idle) server reports it learned: the snapshot's table is that table, and its

@@ -7,6 +7,7 @@
     export        FILE --out DIR                         SGLang's --speculative-dspark-*-path files
     refit         FILE [--out FILE]                      the tables again from the measurements
     set-sts       FILE (--sts JSON | --clear)            embed or remove the drafter's STS
+    set-tiers     FILE --tier SPEC [--tier SPEC]         replace the SLA tiers (xF: F times one request alone)
 
 Errors are one line on stderr, `error: <file or flag>: <reason naming the field>`, exit status 2
 (argparse's usage errors too).
@@ -26,10 +27,13 @@ from pydantic import ValidationError
 from sglang_dspark.core.schema import error_line
 from sglang_dspark.help_format import DefaultsHelpFormatter, OneLineErrorParser
 from sglang_dspark.engine.cpu.names import FORMAT_CHOICES
-from sglang_dspark.profile.schema import ProfileError, SlaProfile, SlaTier
+from sglang_dspark.profile.schema import ProfileError, SlaProfile, parse_tiers
 
 EXIT_ERROR = 2
 HELP = DefaultsHelpFormatter
+TIER_HELP = ("an SLA tier to record in the profile, repeatable: TOK_S is tokens per second per user, or xF for F times "
+             "the single-stream speed of the table written (interactive:x0.5:2:4 promises half of what one request "
+             "alone gets here)")
 
 
 def _command_line() -> str:
@@ -204,6 +208,25 @@ def _run_set_sts(args) -> int:
     return 0
 
 
+def _add_set_tiers(sub) -> None:
+    p = sub.add_parser("set-tiers", formatter_class=HELP, help="replace a profile's SLA tiers",
+                       description="Replaces the profile's sla_tiers with the --tier values given; a relative "
+                                   "speed (xF) is resolved against the profile's own table.")
+    p.add_argument("file", type=Path, metavar="FILE", help="the SLA profile YAML")
+    p.add_argument("--tier", action="append", required=True, metavar="NAME:TOK_S:TTFT_S:MAX_CONC", help=TIER_HELP)
+    p.add_argument("--out", type=Path, metavar="FILE", help="where to write the profile (default: in place)")
+    p.set_defaults(func=_run_set_tiers)
+
+
+def _run_set_tiers(args) -> int:
+    profile = SlaProfile.load(args.file)
+    updated = profile.replaced(sla_tiers=parse_tiers(args.tier, profile.sps_table()))
+    _save(updated, args.out or args.file, "--out" if args.out else None)
+    print(f"{args.out or args.file}: " + ", ".join(f"{t.name} {t.tok_s_per_user} tok/s/user up to {t.max_concurrency}"
+                                                   for t in updated.sla_tiers))
+    return 0
+
+
 # -- capture (in process) --------------------------------------------------------------------------
 def _add_capture(sub) -> None:
     p = sub.add_parser("capture", formatter_class=HELP,
@@ -226,7 +249,7 @@ def _add_capture(sub) -> None:
     p.add_argument("--prompt-tokens", type=int, default=128, help="context length of the probe requests (>= 1)")
     p.add_argument("--sts", type=Path, help="STS calibration JSON (SGLang format) to embed in the profile")
     p.add_argument("--tier", action="append", default=[], metavar="NAME:TOK_S:TTFT_S:CONCURRENCY",
-                   help="SLA tier to record, e.g. interactive:20:2:4 (repeatable)")
+                   help=TIER_HELP)
     p.add_argument("--seed", type=int, default=0, help="seed of the probe order and the engine")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="the probe requests' temperature: 0 (greedy) drafts through the greedy chain; > 0 (seeded "
@@ -266,7 +289,7 @@ def _run_capture(args) -> int:
                            f"(shipped: {zoo.describe_shipped_drafters()})")
     if args.draft is not None:
         _require_dir("--draft", args.draft)
-    tiers = [SlaTier.parse(spec) for spec in args.tier]
+    parse_tiers(args.tier)  # a malformed tier fails before the capture, not after it
     sts = _load_sts(args.sts) if args.sts else None
     engine = build_engine(model_dir, draft_dir, config=EngineConfig(mode="scheduled", max_running=max(requests),
                                                                     seed=args.seed), weight_format=args.dtype)
@@ -285,7 +308,7 @@ def _run_capture(args) -> int:
         version=SCHEMA_VERSION, name=args.name or args.out.stem,
         fingerprint=fingerprint_for(engine="reference", target_dir=model_dir, draft_dir=draft_dir, gamma=engine.gamma,
                                     weight_format=weight_format),
-        sps=section, sts=sts, sla_tiers=tiers,
+        sps=section, sts=sts, sla_tiers=parse_tiers(args.tier, section.table()),
         provenance=Provenance(command=_command_line(), date=utc_now(), repeats=args.repeats, warmup=args.warmup,
                               host=socket.gethostname(), rounds=args.rounds, source="capture"))
     _save(profile, args.out)
@@ -331,7 +354,7 @@ def _add_capture_http(sub) -> None:
     p.add_argument("--step-field", choices=hc.STEP_FIELDS, help="record field with the step time "
                                                                 "(default: the first present of the choices)")
     p.add_argument("--tier", action="append", default=[], metavar="NAME:TOK_S:TTFT_S:MAX_CONC",
-                   help="an SLA tier to record in the profile; repeatable")
+                   help=TIER_HELP)
     p.add_argument("--hardware", help="hardware string for the fingerprint when the server is not on this machine "
                                       "(default: this machine's)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per HTTP request")
@@ -342,12 +365,13 @@ def _add_capture_http(sub) -> None:
 def _run_capture_http(args) -> int:
     from sglang_dspark.profile.http_capture import capture_http
 
+    specs = parse_tiers(args.tier)
     profile = capture_http(
         args.base_url, name=args.name or args.out.stem, model=args.model, draft=args.draft, fractions=args.fractions,
         concurrencies=args.concurrency, phase=args.phase, max_new_tokens=args.max_new_tokens, prompt=args.prompt,
         warmup_steps=args.warmup_steps, min_samples=args.min_samples, step_field=args.step_field,
-        tiers=[SlaTier.parse(t) for t in args.tier], hardware=args.hardware, timeout=args.timeout,
-        command=_command_line(), api_key=args.api_key)
+        tiers=specs, hardware=args.hardware, timeout=args.timeout, command=_command_line(), api_key=args.api_key)
+    profile = profile.replaced(sla_tiers=parse_tiers(args.tier, profile.sps_table()))
     _save(profile, args.out)
     print(f"wrote {args.out}: {profile.summary()}")
     return 0
@@ -367,7 +391,7 @@ def _add_snapshot(sub) -> None:
     p.add_argument("--out", required=True, type=Path, help="profile YAML to write; the plot goes next to it as .png")
     p.add_argument("--name", help="profile name (default: the --out file name without extension)")
     p.add_argument("--tier", action="append", default=[], metavar="NAME:TOK_S:TTFT_S:MAX_CONC",
-                   help="an SLA tier to record in the profile; repeatable")
+                   help=TIER_HELP)
     p.add_argument("--timeout", type=float, default=30.0, help="seconds for the HTTP request (--base-url)")
     p.add_argument("--api-key", help="Bearer token, when the server was started with --api-key (--base-url)")
     p.set_defaults(func=_run_snapshot)
@@ -377,12 +401,14 @@ def _run_snapshot(args) -> int:
     from sglang_dspark.profile.plot import plot_profile
     from sglang_dspark.profile.snapshot import snapshot, snapshot_from_dir
 
-    name, tiers = args.name or args.out.stem, [SlaTier.parse(t) for t in args.tier]
+    name = args.name or args.out.stem
+    parse_tiers(args.tier)
     if args.from_dir is not None:
-        profile = snapshot_from_dir(args.from_dir, name=name, tiers=tiers, command=_command_line())
+        profile = snapshot_from_dir(args.from_dir, name=name, command=_command_line())
     else:
-        profile = snapshot(args.base_url, name=name, tiers=tiers, command=_command_line(), timeout=args.timeout,
+        profile = snapshot(args.base_url, name=name, command=_command_line(), timeout=args.timeout,
                            api_key=args.api_key)
+    profile = profile.replaced(sla_tiers=parse_tiers(args.tier, profile.sps_table()))
     _save(profile, args.out)
     plot_profile(profile.sps.measurements, profile.sps_table(), args.out.with_suffix(".png"),
                  f"SPS(B) learned online: {profile.name} (dashed: the learned table)")
@@ -396,7 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog="\n".join(lines[2:]))
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress (INFO level)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_capture, _add_capture_http, _add_snapshot, _add_validate, _add_export, _add_refit, _add_set_sts):
+    for add in (_add_capture, _add_capture_http, _add_snapshot, _add_validate, _add_export, _add_refit, _add_set_sts,
+                _add_set_tiers):
         add(sub)
     return parser
 

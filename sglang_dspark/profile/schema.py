@@ -148,18 +148,38 @@ class SlaTier(StrictModel):
         return self
 
     @classmethod
-    def parse(cls, text: str) -> SlaTier:
-        """NAME:TOK_S_PER_USER:TTFT_S:MAX_CONCURRENCY, e.g. interactive:20:2:4 (the CLIs' --tier)."""
+    def parse(cls, text: str, single_stream_tok_s: float | None = None) -> SlaTier:
+        """NAME:TOK_S_PER_USER:TTFT_S:MAX_CONCURRENCY, e.g. interactive:20:2:4 (the CLIs' --tier).
+        TOK_S_PER_USER may be xF: F times `single_stream_tok_s`, the speed of one request alone on
+        the table being written (`single_stream_speed`), so a tier is set by what the engine
+        measured rather than by a number that goes stale with every faster build."""
         parts = text.split(":")
         if len(parts) != 4:
             raise ProfileError(f"--tier {text}: expected NAME:TOK_S_PER_USER:TTFT_S:MAX_CONCURRENCY")
         try:
-            return cls(name=parts[0], tok_s_per_user=float(parts[1]), ttft_s=float(parts[2]),
+            tok_s = parts[1]
+            if tok_s.startswith("x"):
+                if single_stream_tok_s is None:
+                    raise ValueError("a relative speed (xF) needs the single-stream speed of a measured table")
+                tok_s = float(tok_s[1:]) * single_stream_tok_s
+            return cls(name=parts[0], tok_s_per_user=round(float(tok_s), 1), ttft_s=float(parts[2]),
                        max_concurrency=int(parts[3]))
         except ValidationError as exc:
             raise ProfileError(f"--tier {text}: {error_line(exc)}") from None
         except ValueError as exc:
             raise ProfileError(f"--tier {text}: {exc}") from None
+
+
+def single_stream_speed(table: SpsTable) -> float:
+    """Tokens per second of one request alone, not drafting: what relative tiers are fractions of."""
+    return float(table(1, num_requests=1, drafted=False))
+
+
+def parse_tiers(specs: list[str], table: SpsTable | None = None) -> list[SlaTier]:
+    """The CLIs' --tier values; without `table` relative ones are checked against a stand-in speed
+    (to fail before a long capture), with it they are resolved against its single-stream speed."""
+    speed = 1.0 if table is None else single_stream_speed(table)
+    return [SlaTier.parse(spec, speed) for spec in specs]
 
 
 class Provenance(StrictModel):

@@ -80,6 +80,27 @@ class LagCalibration:
         self._refit()
         self.version += 1
 
+    def observe_many(self, groups, conf: np.ndarray, verify_lens, accepted) -> None:
+        """`observe` for each row of a step at once, with one refit (a refit per request costs a
+        scheduler thread too much at large batches): row i is group `groups[i]`, `conf` [R, G]."""
+        conf = np.asarray(conf, dtype=np.float64)[:, : self.gamma]
+        verify = np.clip(np.asarray(verify_lens, dtype=np.int64), 0, self.gamma)
+        accepted = np.asarray(accepted, dtype=np.int64)
+        positions = np.arange(conf.shape[1])
+        reached = positions < np.minimum(verify, accepted + 1)[:, None]  # [R, G], as in `observe`
+        if not reached.any():
+            return
+        x = np.where(reached, conf, 0.0)
+        y = (reached & (positions < accepted[:, None])).astype(np.float64)
+        groups = np.asarray(groups, dtype=np.int64)
+        for group in np.unique(groups):
+            rows = groups == group
+            gx, gy = x[rows], y[rows]
+            self._sums[group] += (reached[rows].sum(), gx.sum(), gy.sum(), (gx * gx).sum(), (gx * gy).sum())
+            self.reached[group, : conf.shape[1]] += reached[rows].sum(0)
+        self._refit()
+        self.version += 1
+
     def _refit(self) -> None:
         # the chain's group first: it is the older rows' target
         for group in (1, 0, 2):

@@ -5,7 +5,7 @@ Per decode step they export the reference server's `sglang_dspark_*` families (a
 per-position acceptance, verify tokens, budget, predicted vs measured step time, per-user speed
 against the SLA tier, the SPS table in use) into SGLang's multiprocess Prometheus registry, so they
 appear on SGLang's own `/metrics` (`--enable-metrics`), and they feed the online SPS estimator when
-learning is on.
+learning is on and the lag calibration when it is on (lag.py, on every rank).
 
 Step time is what SGLang's own records call `step_cpu_ms` (and what `profile capture-http` reads
 when SGLang records no GPU time): the interval between consecutive decode steps, none across a
@@ -78,6 +78,11 @@ class _Staged:
     def ready(self) -> bool:
         return self.event is None or self.event.query()  # never waits on the device
 
+    def wait(self) -> None:
+        """Until the copies landed (lag.py: only for copies SGLang has already read back itself)."""
+        if self.event is not None:
+            self.event.synchronize()
+
 
 class StepObserver:
     """One per scheduler process."""
@@ -109,6 +114,10 @@ class StepObserver:
         now = time.perf_counter()
         if self.exporting is None:
             self._start()
+        if settings().lag_calibration:  # on every rank: each one's budget reads the fit
+            from sglang_dspark.sglang_plugin import lag
+
+            lag.feed().observe(decision, kw, _Staged.stage)
         if self.metrics is None and self.learner is None:
             return  # nothing here reads the step (another attention-TP rank, or no metrics): stage nothing
         seconds = None if self.last_stamp is None else now - self.last_stamp

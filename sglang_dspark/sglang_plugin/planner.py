@@ -3,9 +3,11 @@
 SGLang calls it once per decode step on every TP rank, from the lagged survival matrix, and the
 budget it returns picks the step's CUDA-graph size, so every rank must reach the same number: the
 decision here reads only what all ranks share (the survival matrix, the profile's table, the
-tier). In SLA mode the budget is the bundle's SLA decision (core/schedule.py); with online learning
-the original runs on the learned table instead of the profile's; otherwise the original runs
-untouched. The original is always reached through `original_fn`, never a module-level name (the
+tier, and the lag calibration, fed only from what all ranks share: lag.py). In SLA mode the budget
+is the bundle's SLA decision (core/schedule.py); with online learning the original runs on the
+learned table instead of the profile's; with the lag calibration on (settings.py) either reads the
+lagged rows as corrected by past outcomes (lag.py); with the plugin changing nothing the original
+runs untouched. The original is always reached through `original_fn`, never a module-level name (the
 hook registry rebinds those to this wrapper).
 """
 
@@ -51,12 +53,24 @@ def _budget(original_fn, *, history_survival_probs, sps_table, cfg):
     plugin = settings()
     if not plugin.changes_decisions:
         return original_fn(history_survival_probs=history_survival_probs, sps_table=sps_table, cfg=cfg)
+    if not plugin.lag_calibration:
+        return _decide(original_fn, plugin, history_survival_probs, sps_table, cfg)
+    from sglang_dspark.sglang_plugin import lag
+
+    rows = lag.feed().read(history_survival_probs)  # the lagged rows as they have held up
+    decision = _decide(original_fn, plugin, rows.survival, sps_table, cfg)
+    lag.feed().plan(rows, decision)  # paired with its step's outcome by the observer
+    return decision
+
+
+def _decide(original_fn, plugin, survival, sps_table, cfg):
+    """SGLang's decision on `survival` (on the learned table when learning), or the SLA decision."""
     from sglang_dspark.sglang_plugin.observer import learned_table
 
     learned = learned_table() if plugin.learning else None
     if plugin.tier is None:
         table = learned.table if learned is not None else sps_table
-        return original_fn(history_survival_probs=history_survival_probs, sps_table=table, cfg=cfg)
+        return original_fn(history_survival_probs=survival, sps_table=table, cfg=cfg)
     from sglang_dspark.core.schedule import decide_budget_sla
 
     ours = learned.ours if learned is not None else profile_table()
@@ -65,7 +79,7 @@ def _budget(original_fn, *, history_survival_probs, sps_table, cfg):
 
         ours = PaddedTable(ours, plugin.graph_tokens)
     # the candidates SGLang's own budget considers: the first max_verify_len drafts, above its floor
-    survival = history_survival_probs[:, : cfg.resolved_max_verify_len()]
+    survival = survival[:, : cfg.resolved_max_verify_len()]
     survival = survival.masked_fill(survival < cfg.survival_eps, 0.0)
     decision = decide_budget_sla(survival, ours, plugin.tier.tok_s_per_user)
     budget_decision = sys.modules[original_fn.__module__].VerifyBudgetDecision

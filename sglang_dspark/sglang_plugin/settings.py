@@ -11,6 +11,11 @@
                              (learned-sps.dp<rank>.json; `profile snapshot --from-dir DIR` keeps it):
                              the launcher sets the directory it exported the profile's JSON to
 
+    SGLANG_DSPARK_LAG_CALIBRATION=0|1   the planner hook reads SGLang's lagged confidence rows as
+                             past verified drafts say they hold up (lag.py); on by default wherever
+                             a tier or learning makes the plugin decide, off otherwise (SGLang's own
+                             planner untouched); 1 turns it on alone, 0 off
+
     SGLANG_DSPARK_GRAPH_TOKENS=N,N,...   the verify token sizes SGLang captures CUDA graphs for
                              (the launcher's --cuda-graph-bs-decode times gamma + 1): the SLA
                              decision prices a budget at the graph it runs as (padded.py)
@@ -30,6 +35,8 @@ TIER_ENV = "SGLANG_DSPARK_SLA_TIER"
 LEARNING_ENV = "SGLANG_DSPARK_SPS_LEARNING"
 GRAPH_TOKENS_ENV = "SGLANG_DSPARK_GRAPH_TOKENS"
 EXPORT_DIR_ENV = "SGLANG_DSPARK_EXPORT_DIR"
+LAG_CALIBRATION_ENV = "SGLANG_DSPARK_LAG_CALIBRATION"
+OFF = ("", "0", "false")
 
 
 @dataclass(frozen=True)
@@ -39,10 +46,11 @@ class PluginSettings:
     learning: bool
     graph_tokens: tuple[int, ...] | None = None  # captured verify sizes, ascending
     export_dir: str | None = None  # where the learned table is written
+    lag_calibration: bool = False  # the budget reads lagged rows corrected by past outcomes (lag.py)
 
     @property
     def changes_decisions(self) -> bool:
-        return self.tier is not None or self.learning
+        return self.tier is not None or self.learning or self.lag_calibration
 
 
 @functools.lru_cache(maxsize=1)
@@ -63,8 +71,15 @@ def settings() -> PluginSettings:
         raise ProfileError(f"{GRAPH_TOKENS_ENV}={graph!r}: expected comma-separated token counts") from None
     if sizes is not None and (not sizes or sizes[0] < 1):
         raise ProfileError(f"{GRAPH_TOKENS_ENV}={graph!r}: token counts must be >= 1")
-    return PluginSettings(profile, tier, os.environ.get(LEARNING_ENV, "") not in ("", "0", "false"), sizes,
-                          os.environ.get(EXPORT_DIR_ENV) or None)
+    learning = os.environ.get(LEARNING_ENV, "") not in OFF
+    return PluginSettings(profile, tier, learning, sizes, os.environ.get(EXPORT_DIR_ENV) or None,
+                          _lag_calibration(default=tier is not None or learning))
+
+
+def _lag_calibration(default: bool) -> bool:
+    """SGLANG_DSPARK_LAG_CALIBRATION where set, else on wherever the plugin decides budgets anyway."""
+    value = os.environ.get(LAG_CALIBRATION_ENV)
+    return default if value is None or not value.strip() else value.strip().lower() not in OFF
 
 
 def refuse_inert_planner(observers) -> None:
@@ -76,7 +91,8 @@ def refuse_inert_planner(observers) -> None:
     if plugin.changes_decisions and getattr(planner, "is_verify_all", False):
         from sglang_dspark.profile.schema import ProfileError
 
-        what = f"SLA tier {plugin.tier.name!r}" if plugin.tier is not None else "online SPS learning"
+        what = (f"SLA tier {plugin.tier.name!r}" if plugin.tier is not None else "online SPS learning"
+                if plugin.learning else "the lag calibration")
         raise ProfileError(f"{what} would not apply: SGLang reads its --speculative-dspark-sps-table-path as no table "
                            "(one probe, no additive table), so its planner verifies every draft and never asks for "
                            "a budget; serve a full profile (both capture phases)")

@@ -75,7 +75,6 @@ class SpeculationPolicy:
         self.probe_every, self.probe_max, self.explore_until = probe_every, probe_max, explore_until
         self.warmup_steps = warmup_steps
         self.clock = clock or (lambda: 0.0)
-        self._undrafted_memo: tuple | None = None  # (table, R, seconds)
         self._price_memo: tuple = (None, {})  # (table, {(tokens, requests, drafted): seconds})
         # refits on the engine's thread take at most LEARNER_FIT_SHARE of its step time (timed on its clock)
         self.learner = (OnlineSpsEstimator(prior=sps, fit_share=LEARNER_FIT_SHARE, clock=self.clock)
@@ -242,7 +241,7 @@ class SpeculationPolicy:
             self._errors.append(abs(predicted - seconds) / seconds)
             self._step_ratios.append(seconds / predicted)
         if self.speculates:
-            undrafted = None if self.sps.is_flat else self._undrafted_seconds(num_requests)
+            undrafted = None if self.sps.is_flat else self._predicted_seconds(num_requests, num_requests, False)
             self.guard.observe(num_requests, emitted, seconds, undrafted, planned_draft=drafted and not plan.probe
                                and self.forced_budget_frac is None and self.mode == "scheduled")
         if self.learner is not None and self.forced_budget_frac is None:
@@ -259,8 +258,9 @@ class SpeculationPolicy:
         return predicted
 
     def _predicted_seconds(self, num_tokens: int, num_requests: int, drafted: bool) -> float:
-        """The table's price of a step, memoised per table: a busy server repeats the same few
-        (tokens, requests, drafted) steps, and pricing each anew was a visible share of a plain step."""
+        """The table's price of a step (the guard's plain step too: B = R, not drafted), memoised per
+        table: a busy server repeats the same few (tokens, requests, drafted) steps, and pricing each
+        anew was a visible share of a plain step."""
         if self._price_memo[0] is not self.sps:
             self._price_memo = (self.sps, {})
         prices, key = self._price_memo[1], (num_tokens, num_requests, drafted)
@@ -269,14 +269,6 @@ class SpeculationPolicy:
                 prices.clear()
             prices[key] = 1.0 / self.sps(num_tokens, num_requests=num_requests, drafted=drafted)
         return prices[key]
-
-    def _undrafted_seconds(self, num_requests: int) -> float:
-        """The table's plain step at this batch size, kept until the table or the size changes
-        (recomputing it every step is a visible share of a CPU's plain step)."""
-        memo = self._undrafted_memo
-        if memo is None or memo[0] is not self.sps or memo[1] != num_requests:
-            memo = self._undrafted_memo = (self.sps, num_requests, float(self.sps.step_seconds(num_requests, 1)[0]))
-        return memo[2]
 
     def on_idle(self) -> None:
         """Nothing runs: the time until the next request is nobody's wait."""

@@ -201,10 +201,11 @@ def test_scheduled_engine_skips_the_drafter_when_no_draft_pays_and_probes_period
     out = run_to_completion(engine, [[5, 9, 11]], [SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)])[0]
     assert out == hf_greedy(hf, [5, 9, 11], 30)
     steps = len(engine.records)
-    # The first step drafts only to measure (capacity 0, nothing verified); then one probe in every
-    # probe_every + 1 steps, since the measured confidences make no draft worth verifying.
+    # The first step drafts only to measure (one draft verified: an outcome for the lag calibration);
+    # then one probe in every probe_every + 1 steps, since the measured confidences make no draft
+    # worth verifying.
     first = list(engine.records)[0]
-    assert first.budget == 0 and first.num_verify_tokens == 1 and first.draft_ms > 0
+    assert first.budget == 1 and first.num_verify_tokens == 2 and first.draft_ms > 0
     assert len(calls) == _documented_drafts(steps, every=4, cap=EngineConfig.probe_max) >= 3 and len(calls) < steps
     assert all(r.accepted_drafts == 0 for r in list(engine.records)[1:] if r.num_verify_tokens == 1)
 
@@ -218,7 +219,7 @@ def test_scheduled_engine_measures_first_then_drafts_where_drafting_pays():
     out = run_to_completion(engine, [[5, 9, 11]], [SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)])[0]
     assert out == hf_greedy(hf, [5, 9, 11], 20)
     budgets = [r.budget for r in engine.records]
-    assert budgets[0] == 0 and all(b > 0 for b in budgets[1:])
+    assert budgets[0] == 1 and all(b > 0 for b in budgets[1:])  # the measuring step verifies one draft
 
 
 def test_probes_back_off_and_new_requests_use_the_observed_prior():

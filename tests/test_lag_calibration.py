@@ -174,3 +174,33 @@ def _planned_drafts(calibrate_lag: bool, steps: int = 300) -> int:
 def test_the_engines_policy_feeds_the_calibration_and_stops_planning_losing_drafts():
     assert _planned_drafts(calibrate_lag=False) > 200  # the lagged 0.9 keeps promising
     assert _planned_drafts(calibrate_lag=True) < 30
+
+
+def _recovers(steps: int = 1500, unlucky: int = 10) -> int:
+    """Planned drafted steps in the last third of a run whose first `unlucky` drafted steps all fail,
+    though the drafter's drafts survive 0.6 of the time from then on (its rows always say 0.3)."""
+    from sglang_dspark.engine.policy import SpeculationPolicy
+
+    policy = SpeculationPolicy("scheduled", GAMMA, TABLE, guard=_NeverStops(), probe_every=8, probe_max=32)
+    ids, conf, now, rng = ["r0"], torch.full((1, GAMMA), 0.3), 0.0, np.random.default_rng(0)
+    drafted = late_planned = 0
+    for step in range(steps):
+        plan = policy.plan(ids)
+        lens = policy.allocate(conf, plan) if plan.draft else torch.zeros(1, dtype=torch.int64)
+        accept = 0.0 if drafted < unlucky else 0.6
+        accepted = [int(np.argmin(np.append(rng.random(n) < accept, False))) for n in lens.tolist()]
+        if plan.draft:
+            drafted += int(lens.sum()) > 0
+            late_planned += step >= 2 * steps // 3 and not plan.probe
+            policy.observe(ids, conf, lens, accepted)
+        policy.on_step(plan, 1, 1 + int(lens.sum()), 1 + sum(accepted), plan.draft, now, now + 0.012)
+        now += 0.013
+    return late_planned
+
+
+def test_a_few_unlucky_first_outcomes_do_not_stop_drafting_for_good():
+    """After its first drafts all failed, the fit says the rows are worth too little to draft, so
+    the planner stops; its probes still verify one draft each, and those outcomes bring the fit
+    back to what the drafts are worth, so drafting resumes. Probes that verified nothing would
+    leave the fit where the bad start put it."""
+    assert _recovers() > 100  # of 500 steps; with probes that verify nothing: 0

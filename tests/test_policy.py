@@ -50,10 +50,11 @@ def test_without_a_profile_it_starts_target_only_and_probes_a_bounded_share():
     assert 0 < len(drafted) <= 600 // 8
     late = [i for i in drafted if i >= 300]
     assert len(late) <= 300 // 64 + 1  # once the batch size is explored, one probe in 64 steps
-    budgets = [plans[i].capacity for i in drafted[:3]]
+    budgets = [plans[i].capacity for i in drafted]
     # one verified draft measured; drafts at 1 % survival cannot pay for it: the later probes only
-    # refresh the confidences, no ladder of larger budgets
-    assert budgets == [1, 0, 0]
+    # refresh the confidences and verify the one first-ranked draft (an outcome for the lag
+    # calibration), no ladder of larger budgets
+    assert budgets[0] == 1 and set(budgets) == {1}
     assert policy.source == "online" and policy.learner.has_drafted
 
 
@@ -84,7 +85,8 @@ def test_the_guard_stops_drafting_that_loses_and_retries_after_cooldown():
     every step until the guard sees fewer tokens per second than undrafted steps deliver."""
     free = SpsTable.from_points([1, 64], [25.0, 25.0], max_batch_tokens=64)
     guard = DraftingGuard(min_steps=8, cooldown=100)
-    policy = SpeculationPolicy("scheduled", GAMMA, free, learn=False, guard=guard, probe_every=1000)
+    # the lag calibration off: it would stop these drafts itself after one outcome; the guard is under test
+    policy = SpeculationPolicy("scheduled", GAMMA, free, learn=False, guard=guard, probe_every=1000, calibrate_lag=False)
     plans, _ = run(policy, 60)
     first_block = next(i for i, p in enumerate(plans) if not p.draft)
     assert 8 <= first_block <= 12  # blocked after min_steps planned drafted steps (the measuring step aside)
@@ -161,8 +163,10 @@ def test_batch_sizes_that_vary_within_a_bucket_do_not_restart_the_probe_ladder()
         now += seconds + 0.001
         plans.append(plan)
     probes = [p for p in plans if p.probe]
-    assert len(probes) >= 8 and probes[0].capacity == 1
-    assert all(p.capacity == 0 for p in probes[1:])  # budget 1 measured once, not once per R
+    assert len(probes) >= 8 and all(p.capacity == 1 for p in probes)  # budget 1; no ladder beyond it
+    # measured once, not once per R: a new R does not restart exploring at probe_every's pace
+    late = [p for p in plans[300:] if p.probe]
+    assert len(late) <= 300 // 64 + 1
     assert sum(p.draft for p in plans[300:]) <= 300 // 64 + 1
 
 

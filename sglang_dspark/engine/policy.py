@@ -31,6 +31,7 @@ MODES = ("target", "full", "scheduled")
 SOURCES = ("flat", "profile", "profile+online", "seeded+online", "online")
 EXPLORE_SLACK = 0.9  # explore unless the best case is >10 % short of paying: noise must not prune
 
+SCALE_MIN_STEPS = 8  # SLA mode rescales the table by measured / predicted step times from this many on
 LEARNER_FIT_SHARE = 0.002  # the learner's refits take at most 0.2 % of the engine thread's step time
 
 @dataclass(frozen=True)
@@ -54,8 +55,8 @@ class SpeculationPolicy:
 
     Probes: when the planner budgets nothing, every `probe_every`-th such step drafts anyway, to keep
     the confidences fresh and to measure a budget the table has not seen at this batch size (the
-    smallest unexplored of 1, 2, 4, ... R * gamma, unless no budget could pay: `_cannot_pay`); the
-    interval doubles after each probe up to
+    smallest unexplored of 1, 2, 4, ... R * gamma, unless no budget could pay: `_cannot_pay`; else
+    one draft, an outcome for the lag calibration); the interval doubles after each probe up to
     `probe_max`, and drops back to `probe_every` while the current batch-size bucket (1, 2-3, 4-7,
     ...: the table interpolates within one) has fewer than `explore_until` drafted steps on record.
 
@@ -138,7 +139,8 @@ class SpeculationPolicy:
 
     def _probe_or_skip(self, request_ids: Sequence[str]) -> DraftPlan:
         # a bucket is explored quickly only while a probe there could still measure a budget that
-        # pays; once its prices say none can, probes only refresh confidences, at the doubling interval
+        # pays; once its prices say none can, probes refresh confidences and verify one draft, at the
+        # doubling interval
         if self._probe_interval > self.probe_every and self._exploring(request_ids):
             self._probe_interval = self.probe_every
         if self._undrafted_steps < self._probe_interval:
@@ -152,19 +154,26 @@ class SpeculationPolicy:
     def _exploring(self, request_ids: Sequence[str]) -> bool:
         """The batch size's bucket has fewer than `explore_until` drafted steps and a probe there
         could measure a budget that pays. Decided once per batch size and drafted-step count: the
-        answer's scan of up to 2048 samples (`_probe_budget`) would otherwise run on every plain step."""
+        answer's scan of up to 2048 samples (`_ladder_budget`) would otherwise run on every plain step."""
         num = len(request_ids)
         drafted = self.learner.drafted_in_bucket(bucket(num)) if self.learner is not None else self.explore_until
         if drafted >= self.explore_until:
             return False
         if self._explore_key != (num, drafted):
-            self._explore_key, self._explore_pays = (num, drafted), self._probe_budget(request_ids) > 0
+            self._explore_key, self._explore_pays = (num, drafted), self._ladder_budget(request_ids) > 0
         return self._explore_pays
 
     def _probe_budget(self, request_ids: Sequence[str]) -> int:
+        """The unexplored budget to measure (`_ladder_budget`), else 1: the probe verifies the one
+        draft the planner ranks first. Where the planner has stopped drafting, that draft is the only
+        outcome the lag calibration still learns from: a probe that verified nothing taught it nothing,
+        so a few unlucky first outcomes stopped drafting for good (benchmarks/planned_drafts.py). One
+        verify row on a step every `probe_every`..`probe_max` steps is the price."""
+        return self._ladder_budget(request_ids) or 1
+
+    def _ladder_budget(self, request_ids: Sequence[str]) -> int:
         """The smallest budget of 1, 2, 4, ... R * gamma with no drafted step on record at this
-        batch size (learning), else 0: a probe then only refreshes the confidences (the drafter
-        runs, only the anchors are verified). Also 0 when no budget could pay (`_cannot_pay`)."""
+        batch size (learning), else 0; also 0 when no budget could pay (`_cannot_pay`)."""
         if self.learner is None:
             return 0
         num = len(request_ids)
@@ -253,8 +262,10 @@ class SpeculationPolicy:
         if self.sla_mode and predicted is not None:
             if gap is not None:  # the EWMA of time between decode steps: prefills, streaming
                 self.planner.overhead_seconds += 0.1 * (gap - self.planner.overhead_seconds)
-            # a tier is a promise: price steps at the 90th percentile of measured / predicted
-            self.planner.time_scale = float(np.quantile(np.fromiter(self._step_ratios, float), 0.9))
+            # a tier is a promise: price steps at the 90th percentile of measured / predicted, once
+            # there are enough steps for a percentile (one odd step, a probe, must not rescale the table)
+            if len(self._step_ratios) >= SCALE_MIN_STEPS:
+                self.planner.time_scale = float(np.quantile(np.fromiter(self._step_ratios, float), 0.9))
         return predicted
 
     def _predicted_seconds(self, num_tokens: int, num_requests: int, drafted: bool) -> float:

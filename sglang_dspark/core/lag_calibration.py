@@ -69,25 +69,17 @@ class LagCalibration:
     def observe(self, group: int, conf: np.ndarray, verify_len: int, accepted: int) -> None:
         """One request's verified step: `conf` [G] is the lagged row the capacity read (uncorrected
         conditional confidences), `verify_len` drafts were verified and the first `accepted` survived."""
-        verify_len = int(min(max(verify_len, 0), self.gamma))
-        reached = min(verify_len, int(accepted) + 1)  # positions whose predecessors all survived
-        if reached == 0:
-            return
-        x = np.asarray(conf[:reached], dtype=np.float64)
-        y = (np.arange(reached) < accepted).astype(np.float64)
-        self._sums[group] += (reached, x.sum(), y.sum(), (x * x).sum(), (x * y).sum())
-        self.reached[group, :reached] += 1
-        self._refit()
-        self.version += 1
+        self.observe_many([group], np.asarray(conf)[None], [verify_len], [accepted])
 
     def observe_many(self, groups, conf: np.ndarray, verify_lens, accepted) -> None:
         """`observe` for each row of a step at once, with one refit (a refit per request costs a
-        scheduler thread too much at large batches): row i is group `groups[i]`, `conf` [R, G]."""
+        scheduler thread too much at large batches): row i is group `groups[i]`, `conf` [R, G]; only
+        positions whose predecessors all survived (up to min(verify length, accepted + 1)) count."""
         conf = np.asarray(conf, dtype=np.float64)[:, : self.gamma]
         verify = np.clip(np.asarray(verify_lens, dtype=np.int64), 0, self.gamma)
         accepted = np.asarray(accepted, dtype=np.int64)
         positions = np.arange(conf.shape[1])
-        reached = positions < np.minimum(verify, accepted + 1)[:, None]  # [R, G], as in `observe`
+        reached = positions < np.minimum(verify, accepted + 1)[:, None]  # [R, G]
         if not reached.any():
             return
         x = np.where(reached, conf, 0.0)

@@ -348,9 +348,8 @@ class AsyncPlanner:
         promised (call before `observe` adds this step's rows). Feeds the lag calibration."""
         if self.calibration is None:
             return
-        conf = self._lagged_conf(request_ids).double().numpy()
-        for i, group in enumerate(self._groups(request_ids)):
-            self.calibration.observe(group, conf[i], int(verify_lens[i]), int(num_accepted[i]))
+        self.calibration.observe_many(self._groups(request_ids), self._lagged_conf(request_ids).double().numpy(),
+                                      [int(n) for n in verify_lens], [int(n) for n in num_accepted])
 
     def observe(self, request_ids: Sequence[Hashable], conf: torch.Tensor) -> None:
         """Record this step's confidences; they inform the capacity `lag` steps later. A block cut

@@ -3,6 +3,7 @@ one run of a request set through the engine on its thread."""
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import time
@@ -115,6 +116,19 @@ def serve_all(engine, prompts: list[list[int]], params, timeout_s: float = 3600)
         raise RuntimeError(f"{state['left']} requests unfinished after {timeout_s} s")
     wall = time.perf_counter() - start
     return Run(wall, arrivals, state["tokens"], engine.records.since(first))
+
+
+def time_calls(spent: dict, methods) -> None:
+    """Wrap each (owner, attribute name, label) of `methods` (an object's method, or a module's
+    function) so that its calls add their wall seconds to spent[label]; nested parts count in both."""
+    for owner, name, label in methods:
+        def wrapped(*args, _f=getattr(owner, name), _label=label, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return _f(*args, **kwargs)
+            finally:
+                spent[_label] += time.perf_counter() - t0
+        setattr(owner, name, functools.wraps(getattr(owner, name))(wrapped))
 
 
 def timed(fns: dict, reps: int, warmup: int = 2) -> dict:

@@ -3,9 +3,9 @@
 Every decode step of a scheduled engine captures the drafter's context features, stages them, and
 feeds the policy (its table, guard and learner) even when the planner budgets no draft; a target-only
 engine does none of it. Here both engines decode the same held-out prompts greedily, the scheduled
-one with its planner held at budget 0 (no probes either), arms alternating over the repeats, and each
-engine step's parts are timed by wrapping the engine's own methods: the target forward
-(`verify_forward`), staging (`runner.commit`), the policy's feedback (`policy.on_step`), the step's
+one undrafted on every step (its policy's `plan` runs and is timed, and its verdict, a draft or a
+probe, is dropped), arms alternating over the repeats, and each engine step's parts are timed by
+wrapping the engine's own methods: the planner (`plan`), the target forward (`verify_forward`), staging (`runner.commit`), the policy's feedback (`policy.on_step`), the step's
 bookkeeping (`record`, which includes `on_step`), the step's commit (`postprocess`, which includes
 staging). Reported per R: the median ms per step of
 each part per arm, the scheduled-minus-target difference, and the wall time ratio (medians over repeats).
@@ -23,10 +23,11 @@ import statistics
 import time
 
 import torch
-from common import add_common_args, heldout_prompts, load_pair, write_result
+from common import add_common_args, heldout_prompts, load_pair, time_calls, write_result
 
 PARTS = (("verify_forward", "runner"), ("commit", "runner"), ("on_step", "policy"), ("record", None),
          ("postprocess", None))
+REPORTED = (*(name for name, _ in PARTS), "plan")
 
 
 def timed_engine(target, tokenizer, drafter, arm: str, r: int) -> tuple:
@@ -37,21 +38,13 @@ def timed_engine(target, tokenizer, drafter, arm: str, r: int) -> tuple:
     mode = "target" if arm == "target" else "scheduled"
     engine = Engine(target, tokenizer, drafter if mode != "target" else None,
                     config=EngineConfig(mode=mode, max_running=r, max_len=1024))
-    if mode != "target":
-        engine.policy.plan = lambda request_ids: NO_DRAFT
     spent = collections.defaultdict(float)
-    for name, owner in PARTS:
-        obj = engine if owner is None else getattr(engine, owner)
-        if mode == "target" and owner == "policy":
-            continue
-
-        def wrapped(*args, _f=getattr(obj, name), _name=name, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return _f(*args, **kwargs)
-            finally:
-                spent[_name] += time.perf_counter() - t0
-        setattr(obj, name, wrapped)
+    if mode != "target":  # the real plan runs and is timed (its bookkeeping is a cost); its verdict is dropped
+        time_calls(spent, [(engine.policy, "plan", "plan")])
+        plan = engine.policy.plan
+        engine.policy.plan = lambda request_ids: (plan(request_ids), NO_DRAFT)[1]
+    time_calls(spent, [(engine if owner is None else getattr(engine, owner), name, name) for name, owner in PARTS
+                       if not (mode == "target" and owner == "policy")])
     return engine, spent
 
 
@@ -82,7 +75,7 @@ def main() -> None:
                 engine.generate(prompts, params)
                 walls[arm] = time.perf_counter() - t0
                 steps = sum(1 for rec in engine.records)
-                for name, _ in PARTS:
+                for name in REPORTED:
                     per[arm][name].append(1e3 * spent[name] / steps)
                 per[arm]["wall_s"].append(walls[arm])
             ratios.append(walls["undrafted"] / walls["target"])
@@ -91,7 +84,7 @@ def main() -> None:
                      "wall_ratio": round(statistics.median(ratios), 4)})
         print(f"\nR = {r} ({args.max_tokens} tokens a request, {args.repeats} repeats; ms per step, medians)")
         print("| part | target-only | scheduled, drafting nothing | difference |\n|---|---|---|---|")
-        for name, _ in PARTS:
+        for name in REPORTED:
             a, b = med["target"].get(name, 0.0), med["undrafted"].get(name, 0.0)
             print(f"| {name} | {a:.3f} | {b:.3f} | {b - a:+.3f} |")
         print(f"wall time, scheduled / target-only: {rows[-1]['wall_ratio']:.3f} (per repeat {rows[-1]['wall_ratio_per_repeat']})")

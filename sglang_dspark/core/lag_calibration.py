@@ -46,16 +46,22 @@ class LagCalibration:
             raise ValueError(f"pseudo_drafts must be > 0, got {pseudo_drafts}")
         self.gamma, self.lag, self.pseudo_drafts = gamma, lag, pseudo_drafts
         # per group: n, sum x, sum y, sum x^2, sum x y over reached drafts
-        self._sums = np.zeros((len(GROUPS), 5))
-        self.reached = np.zeros((len(GROUPS), gamma), dtype=np.int64)  # per position, for the report
+        self._sums = [[0.0] * 5 for _ in GROUPS]
+        self._reached = [[0] * gamma for _ in GROUPS]  # per position, for the report
         self.version = 0  # bumped by every observation: the planner's memo key
         self._coef = torch.tensor([[0.0, 1.0]] * len(GROUPS), dtype=torch.float32)  # (a, b) per group
+        self._coef_host = self._coef.numpy()  # the same memory, for the planner's numpy path
 
     def group(self, age: int | None) -> int:
         """The age group of a row `age` planner steps old (None: the request has no row)."""
         if age is None:
             return 0
         return 1 if age <= self.lag else 2
+
+    @property
+    def reached(self) -> np.ndarray:
+        """[groups, G] int64: verified drafts reached per group and position, for the reports."""
+        return np.array(self._reached, dtype=np.int64)
 
     def coefficients(self) -> torch.Tensor:
         """[groups, 2]: (a, b) of each group's fit (its target where nothing was observed)."""
@@ -66,41 +72,60 @@ class LagCalibration:
         coef = self._coef[torch.as_tensor(groups, dtype=torch.int64)]
         return (coef[:, :1] + coef[:, 1:] * conf).clamp_(0.0, 1.0)
 
+    def correct_host(self, conf: np.ndarray, groups: list[int]) -> np.ndarray:
+        """`correct` of float32 host rows in numpy, bit-equal (the same float32 multiply, add and clamp)."""
+        coef = self._coef_host[groups]
+        return np.clip(coef[:, :1] + coef[:, 1:] * conf, 0.0, 1.0)
+
     def observe(self, group: int, conf: np.ndarray, verify_len: int, accepted: int) -> None:
         """One request's verified step: `conf` [G] is the lagged row the capacity read (uncorrected
         conditional confidences), `verify_len` drafts were verified and the first `accepted` survived."""
         self.observe_many([group], np.asarray(conf)[None], [verify_len], [accepted])
 
-    def observe_many(self, groups, conf: np.ndarray, verify_lens, accepted) -> None:
+    def observe_many(self, groups, conf, verify_lens, accepted) -> None:
         """`observe` for each row of a step at once, with one refit (a refit per request costs a
         scheduler thread too much at large batches): row i is group `groups[i]`, `conf` [R, G]; only
-        positions whose predecessors all survived (up to min(verify length, accepted + 1)) count."""
-        conf = np.asarray(conf, dtype=np.float64)[:, : self.gamma]
-        verify = np.clip(np.asarray(verify_lens, dtype=np.int64), 0, self.gamma)
-        accepted = np.asarray(accepted, dtype=np.int64)
-        positions = np.arange(conf.shape[1])
-        reached = positions < np.minimum(verify, accepted + 1)[:, None]  # [R, G]
-        if not reached.any():
+        positions whose predecessors all survived (up to min(verify length, accepted + 1)) count.
+        Every drafted step comes here on the decode loop's thread, right after the target's forward
+        has flushed the caches, where each numpy or torch call costs several microseconds: the sums
+        are plain Python over the few reached drafts (R x G at most), one `tolist` per argument."""
+        rows = conf.tolist() if hasattr(conf, "tolist") else [list(r) for r in conf]
+        lens = verify_lens.tolist() if hasattr(verify_lens, "tolist") else list(verify_lens)
+        accs = accepted.tolist() if hasattr(accepted, "tolist") else list(accepted)
+        groups = groups.tolist() if hasattr(groups, "tolist") else groups
+        sums, reached, gamma, seen = self._sums, self._reached, self.gamma, False
+        for group, row, verify, acc in zip(groups, rows, lens, accs):
+            upto = min(max(0, min(int(verify), gamma)), int(acc) + 1, len(row))
+            if upto <= 0:
+                continue
+            seen = True
+            n = sx = sy = sxx = sxy = 0.0
+            for j in range(upto):
+                x = float(row[j])
+                y = 1.0 if j < acc else 0.0
+                n, sx, sy, sxx, sxy = n + 1.0, sx + x, sy + y, sxx + x * x, sxy + x * y
+                reached[group][j] += 1
+            s = sums[group]
+            s[0], s[1], s[2], s[3], s[4] = s[0] + n, s[1] + sx, s[2] + sy, s[3] + sxx, s[4] + sxy
+        if not seen:
             return
-        x = np.where(reached, conf, 0.0)
-        y = (reached & (positions < accepted[:, None])).astype(np.float64)
-        groups = np.asarray(groups, dtype=np.int64)
-        for group in np.unique(groups):
-            rows = groups == group
-            gx, gy = x[rows], y[rows]
-            self._sums[group] += (reached[rows].sum(), gx.sum(), gy.sum(), (gx * gx).sum(), (gx * gy).sum())
-            self.reached[group, : conf.shape[1]] += reached[rows].sum(0)
         self._refit()
         self.version += 1
 
     def _refit(self) -> None:
-        # the chain's group first: it is the older rows' target
+        # the chain's group first: it is the older rows' target; each group's ridge fit is a 2 x 2
+        # solve, written out (np.linalg.solve costs more than the rest of a step's bookkeeping)
+        coef = [(0.0, 1.0)] * len(GROUPS)
+        lam = self.pseudo_drafts  # ridge toward the target
         for group in (1, 0, 2):
-            target = self._coef[1].double().numpy() if group == 2 else np.array([0.0, 1.0])
+            t0, t1 = coef[1] if group == 2 else (0.0, 1.0)
             n, sx, sy, sxx, sxy = self._sums[group]
-            lam = self.pseudo_drafts  # ridge toward the target
-            a, b = np.linalg.solve([[n + lam, sx], [sx, sxx + lam]], [sy + lam * target[0], sxy + lam * target[1]])
-            self._coef[group] = torch.tensor([a, b], dtype=torch.float32)
+            a00, a01, a11, r0, r1 = n + lam, sx, sxx + lam, sy + lam * t0, sxy + lam * t1
+            det = a00 * a11 - a01 * a01
+            a, b = (r0 * a11 - a01 * r1) / det, (a00 * r1 - a01 * r0) / det
+            coef[group] = (float(np.float32(a)), float(np.float32(b)))  # the float32 the planner reads
+        self._coef = torch.tensor(coef, dtype=torch.float32)
+        self._coef_host = self._coef.numpy()
 
     def summary(self) -> dict:
         """Per group: reached drafts, their mean lagged confidence and survival, the fit (for the

@@ -33,9 +33,18 @@ class BudgetDecision:
     predicted_theta: float  # expected tokens per second
 
 
-def _host_survival(conf: torch.Tensor) -> np.ndarray:
-    # torch's float32 cumprod, as SGLang's `compute_sort_survival`, so survivals are bit-equal.
-    return torch.cumprod(conf.detach().to("cpu", torch.float32), dim=1).numpy()
+def _host_survival(conf: torch.Tensor | np.ndarray) -> np.ndarray:
+    """cumprod of float32 conditional confidences [R, G] as torch's CPU cumprod computes it (SGLang's
+    `compute_sort_survival`): a float64 running product rounded to float32 at each position, so
+    survivals are bit-equal, in numpy (the planner runs between forwards, where a torch call costs more)."""
+    if isinstance(conf, torch.Tensor):
+        conf = conf.detach().to("cpu", torch.float32).numpy()
+    return np.cumprod(np.asarray(conf, dtype=np.float32), axis=1, dtype=np.float64).astype(np.float32)
+
+
+def _host_ints(values) -> np.ndarray:
+    """Per-request counts (a CPU tensor, a list) as an int64 array, without a Python int per element."""
+    return values.numpy() if isinstance(values, torch.Tensor) else np.asarray(values, dtype=np.int64)
 
 
 def _ranked_candidates(survival: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -250,15 +259,17 @@ class AsyncPlanner:
 
     def _survival(self, request_ids: Sequence[Hashable]) -> np.ndarray:
         """The lagged survival [R, G] the decisions read: corrected where lag calibration is on."""
-        conf = self._lagged_conf(request_ids)
+        conf = self._lagged_conf(request_ids).numpy()
         if self.calibration is not None:
-            conf = self.calibration.correct(conf, self._groups(request_ids))
+            conf = self.calibration.correct_host(conf, self._groups(request_ids))
         return _host_survival(conf)
 
     def _lagged_conf(self, request_ids: Sequence[Hashable]) -> torch.Tensor:
         rows = self._lagged_rows(request_ids)
-        default = self._prior_row()
-        return torch.stack([default if r is None else r for r in rows])
+        if any(r is None for r in rows):
+            default = self._prior_row()
+            rows = [default if r is None else r for r in rows]
+        return torch.stack(rows)
 
     def _prior_row(self) -> torch.Tensor:
         """What a request without history is read as: every draft survives, or the mean row observed."""
@@ -348,8 +359,8 @@ class AsyncPlanner:
         promised (call before `observe` adds this step's rows). Feeds the lag calibration."""
         if self.calibration is None:
             return
-        self.calibration.observe_many(self._groups(request_ids), self._lagged_conf(request_ids).double().numpy(),
-                                      [int(n) for n in verify_lens], [int(n) for n in num_accepted])
+        self.calibration.observe_many(self._groups(request_ids), self._lagged_conf(request_ids).numpy(),
+                                      _host_ints(verify_lens), _host_ints(num_accepted))
 
     def observe(self, request_ids: Sequence[Hashable], conf: torch.Tensor) -> None:
         """Record this step's confidences; they inform the capacity `lag` steps later. A block cut

@@ -32,13 +32,15 @@ def verify_step(batch: SamplingBatch, drafts: torch.Tensor | None, draft_probs: 
     ragged_logits = batch.biased(ragged_logits, lens)  # logit_bias before every verification path
     R = lens.numel()
     width = int(lens.max()) if R else 0
-    if width == 0:  # nothing to verify (one row per request): sample the next token from it
+    greedy = batch.greedy
+    all_greedy = bool(greedy.all())
+    if width == 0:  # nothing to verify (one row per request): the next token from it
+        if all_greedy:  # what sampling a one-hot gives, without a softmax over the vocabulary
+            return torch.zeros(R, dtype=torch.int64), ragged_logits.argmax(-1)
         return torch.zeros(R, dtype=torch.int64), batch.sample(batch.probs(ragged_logits))
     drafts = drafts[:, :width]
-    greedy = batch.greedy
-    if bool(greedy.all()):  # argmax before padding: pad [T] ids, not [T, V] logits; no draft probs read
-        argmax = pad_rows(ragged_logits.argmax(-1), lens, width)
-        return verify_chain_greedy_argmax(drafts, argmax, lens)
+    if all_greedy:  # the argmax of every verify row, compared on the host; no draft probs read
+        return _greedy_prefixes(ragged_logits.argmax(-1).tolist(), drafts.tolist(), lens.tolist())
     if draft_probs is None:
         raise ValueError("sampled rows need the drafts' probabilities (the drafter's sampler reported none)")
     draft_probs = draft_probs[:, :width]
@@ -61,3 +63,18 @@ def verify_step(batch: SamplingBatch, drafts: torch.Tensor | None, draft_probs: 
         num_acc[idx], nxt[idx] = verify_chain(drafts[idx], draft_probs[idx], target_probs[idx], lens[idx],
                                               generator=shared)
     return num_acc, nxt
+
+
+def _greedy_prefixes(argmax: list[int], drafts: list[list[int]], lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """verify_chain_greedy_argmax over ragged argmax ids (row r owns 1 + lens[r] of them), in plain
+    Python: a step verifies a few dozen ids, and a dozen small tensor ops to pad and compare them
+    cost more than the target's argmax itself (right after the forward, each op is a cache miss)."""
+    num_acc, nxt, start = [], [], 0
+    for row_drafts, n in zip(drafts, lens):
+        ids, k = argmax[start:start + n + 1], 0
+        while k < n and row_drafts[k] == ids[k]:
+            k += 1
+        num_acc.append(k)
+        nxt.append(ids[k])
+        start += n + 1
+    return torch.tensor(num_acc, dtype=torch.int64), torch.tensor(nxt, dtype=torch.int64)

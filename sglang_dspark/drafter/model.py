@@ -387,10 +387,9 @@ class DraftKVCache:
                 self._buf[torch.tensor(dst_slot), torch.tensor(dst_row)] = picked.to(self._buf.dtype)
 
     def _append_one_each(self, slots, starts, hidden, offsets, counts) -> bool:
-        """The step that drafted nothing: one row a slot, each extending its buffer, staged by a plain
-        row copy each (an engine that is not drafting pays staging every step, so it must cost what a
-        target-only step does not notice: an indexed write builds index tensors and wakes the thread
-        team for a few KB). False, and nothing staged, when any row is not so."""
+        """The step that drafted nothing: one row a slot, each extending its buffer, staged in one
+        copy (an engine that is not drafting pays staging every step, so it must cost what a
+        target-only step does not notice). False, and nothing staged, when any row is not so."""
         lengths, used, buf_start = self.lengths, self.buf_used, self.buf_start
         if not slots:
             return False
@@ -405,8 +404,16 @@ class DraftKVCache:
                 buf_start[slot] = start
             used[slot] += 1
             lengths[slot] = start + 1
-        for slot, row, offset in zip(slots, rows, offsets):  # a row copy each: no index tensors, no thread team
-            self._buf[slot, row].copy_(hidden[offset])
+        if len(slots) == 1:  # a row copy: no index tensor
+            self._buf[slots[0], rows[0]].copy_(hidden[offsets[0]])
+            return True
+        # one index_copy_ of every slot's row into the flattened buffer: a copy per slot was three
+        # torch calls each, each a cache miss right after the forward (index_put_ with two index
+        # tensors cost more still)
+        flat = self._buf.view(-1, self._buf.shape[-1])
+        index = torch.tensor([slot * STAGE_ROWS + row for slot, row in zip(slots, rows)])
+        src = hidden if offsets == list(range(hidden.shape[0])) else hidden[torch.tensor(offsets)]
+        flat.index_copy_(0, index, src.to(flat.dtype))
         return True
 
     def truncate(self, slot: int, length: int) -> None:

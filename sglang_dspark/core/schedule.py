@@ -91,10 +91,15 @@ def _lens_from_order(order: np.ndarray, budget: int, num_requests: int) -> torch
     return torch.from_numpy(counts.astype(np.int64))
 
 
-def decide_budget(survival: torch.Tensor, sps: SpsTable, *, early_stop: bool = False) -> BudgetDecision:
-    """Total verify budget for survival a [R, G] (cumulative, non-increasing along G)."""
+def _host(survival: torch.Tensor | np.ndarray) -> np.ndarray:
+    return survival.detach().cpu().numpy() if isinstance(survival, torch.Tensor) else survival
+
+
+def decide_budget(survival: torch.Tensor | np.ndarray, sps: SpsTable, *, early_stop: bool = False) -> BudgetDecision:
+    """Total verify budget for survival a [R, G] (cumulative, non-increasing along G; a tensor or a
+    host array)."""
     num_requests = survival.shape[0]
-    values, _ = _ranked_candidates(survival.detach().cpu().numpy())
+    values, _ = _ranked_candidates(_host(survival))
     theta, seconds = _theta_curve(values, num_requests, sps)
     k = _pick_budget(theta, early_stop)
     return BudgetDecision(k, float(seconds[k]), float(theta[k]))
@@ -125,7 +130,7 @@ def sla_speed(survival: torch.Tensor, sps: SpsTable, tok_s_per_user: float, *,
 
 def _sla_curves(survival, sps, tok_s_per_user, overhead_seconds, time_scale=1.0):
     num_requests = survival.shape[0]
-    values, order = _ranked_candidates(survival.detach().cpu().numpy())
+    values, order = _ranked_candidates(_host(survival))
     theta, seconds = _theta_curve(values, num_requests, sps)
     if time_scale != 1.0:
         theta, seconds = theta / time_scale, seconds * time_scale
@@ -167,7 +172,7 @@ def _slowest_tokens(values: np.ndarray, requests: np.ndarray, num_requests: int,
 
 def allocate_top_k(survival: torch.Tensor, budget: int) -> torch.Tensor:
     """Hand `budget` verify slots to the highest survivals; per-request counts are prefix lengths."""
-    _, order = _ranked_candidates(survival.detach().cpu().numpy())
+    _, order = _ranked_candidates(_host(survival))
     return _lens_from_order(order, budget, survival.shape[0])
 
 
@@ -257,11 +262,12 @@ class AsyncPlanner:
             ages.append(self.clock - at[0] if at is not None and len(at) == self.lag else None)
         return [self.calibration.group(a) for a in ages]
 
-    def _survival(self, request_ids: Sequence[Hashable]) -> np.ndarray:
-        """The lagged survival [R, G] the decisions read: corrected where lag calibration is on."""
+    def _survival(self, request_ids: Sequence[Hashable], groups: list[int] | None = None) -> np.ndarray:
+        """The lagged survival [R, G] the decisions read: corrected where lag calibration is on
+        (`groups`: the requests' age groups, when the caller has them)."""
         conf = self._lagged_conf(request_ids).numpy()
         if self.calibration is not None:
-            conf = self.calibration.correct_host(conf, self._groups(request_ids))
+            conf = self.calibration.correct_host(conf, self._groups(request_ids) if groups is None else groups)
         return _host_survival(conf)
 
     def _lagged_conf(self, request_ids: Sequence[Hashable]) -> torch.Tensor:
@@ -293,12 +299,14 @@ class AsyncPlanner:
             return 0
         self.clock += 1
         key = (self._history_version, tuple(request_ids), self.sla_tok_s_per_user, self.overhead_seconds, self.time_scale)
+        groups = None
         if self.calibration is not None:
-            key += (self.calibration.version, tuple(self._groups(request_ids)))
+            groups = self._groups(request_ids)
+            key += (self.calibration.version, tuple(groups))
         if self._memo is not None and self._memo[0] is self.sps and self._memo[1] == key:
             decision = self._memo[2]
         else:
-            survival = torch.from_numpy(self._survival(request_ids))
+            survival = self._survival(request_ids, groups)
             if self.sla_tok_s_per_user is None:
                 decision = decide_budget(survival, self.sps, early_stop=False)
             else:

@@ -41,6 +41,8 @@ never reads.
 
 from __future__ import annotations
 
+import abc
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -55,8 +57,9 @@ INT4_LEVELS = 15
 _INT4_OFFSET, _INT4_N_MULTIPLE, _INT4_INNER_K_TILES = 8, 16, 8
 
 
-class _WeightOnlyLinear(nn.Module):
-    """What both formats share: bfloat16 rows in, one kernel call (`_mm`), the bias, the shape back."""
+class _WeightOnlyLinear(nn.Module, metaclass=abc.ABCMeta):
+    """What both formats share: bfloat16 rows in, one kernel call (`_mm`), the bias, the shape back.
+    Each format implements `_mm` and `dequantized`."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
@@ -64,12 +67,13 @@ class _WeightOnlyLinear(nn.Module):
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().to(torch.bfloat16),
                                                                   requires_grad=False)
 
+    @abc.abstractmethod
     def _mm(self, rows: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """rows W^T for contiguous bfloat16 rows [M, in] (`_apply` adds the bias)."""
 
+    @abc.abstractmethod
     def dequantized(self) -> torch.Tensor:
         """The weight this layer multiplies by, as bfloat16 [out, in]."""
-        raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Decode and verify rows: each row on its own, whatever shares the call."""

@@ -8,7 +8,8 @@ Arms (`--arms`), each a `python -m sglang_dspark.launch` server on loopback:
 - `first-launch-target`: the same with `--mode target`.
 
 Servers start one at a time (what a server times at start sees an idle host) and stay up, each on
-the launch's own thread default. For each concurrency C, every repeat sends the same 2*C held-out chat
+the launch's own thread default (with `--pause-idle`, the servers not being measured are paused with
+SIGSTOP, as if the measured one had the host alone). For each concurrency C, every repeat sends the same 2*C held-out chat
 prompts, at most C in flight, greedy (or at `--temperature`, prompt i seeded `--seed` + i),
 `--max-tokens` tokens each (`ignore_eos`), to every arm, the arms in a carry-over balanced order (`common.balanced_order`). Reported per arm and C: output tok/s
 (completion tokens over the wall time of the set), the median over repeats, and per repeat each
@@ -29,7 +30,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import signal
 import statistics
 import tempfile
 import time
@@ -61,6 +64,18 @@ def start(arm: str, model: str, home_root: Path) -> dict:
     t0 = time.perf_counter()
     proc = start_reference_server("--model", model, *flags, port=port, timeout_s=1800, env=env)
     return {"proc": proc, "url": f"http://127.0.0.1:{port}", "startup_s": round(time.perf_counter() - t0, 1)}
+
+
+def running_alone(servers: dict[str, dict], arm: str | None, pause_idle: bool) -> None:
+    """With `pause_idle`, let only `arm`'s server run (SIGCONT its process group, SIGSTOP every other),
+    or every one with None: users run one server on a host, here several share its cores."""
+    if not pause_idle:
+        return
+    for name, server in servers.items():
+        try:
+            os.killpg(server["proc"].pid, signal.SIGCONT if arm is None or name == arm else signal.SIGSTOP)
+        except ProcessLookupError:  # a server that already exited: `stop` reports it
+            pass
 
 
 def one_set(url: str, prompts: list[str], concurrency: int, max_tokens: int, temperature: float = 0.0,
@@ -140,6 +155,8 @@ def main() -> None:
                         help="every request's temperature; above 0 pair it with --seed (default: greedy)")
     parser.add_argument("--seed", type=int, default=None,
                         help="prompt i is sent with seed + i, so its text should not depend on the load (default: none)")
+    parser.add_argument("--pause-idle", action="store_true",
+                        help="pause (SIGSTOP) every server but the one being measured, resume it for its sets")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/served_speed.json"), help="JSON output path")
     args = parser.parse_args()
     arms = args.arms.split(",")
@@ -156,14 +173,17 @@ def main() -> None:
                 print(f"{arm}: ready in {servers[arm]['startup_s']} s on {servers[arm]['url']}", flush=True)
             every = [records[i % len(records)].prompt for i in range(2 * max(levels))]
             sampling = {"temperature": args.temperature, "seed": args.seed}
+            running_alone(servers, arms[0], args.pause_idle)
             reference = dict(enumerate(one_set(servers[arms[0]]["url"], every, 1, args.max_tokens, **sampling)["texts"]))
             for c in levels:
                 prompts = [records[i % len(records)].prompt for i in range(2 * c)]
                 for arm in arms:  # warm-up: one set each, not counted
+                    running_alone(servers, arm, args.pause_idle)
                     one_set(servers[arm]["url"], prompts[:c], c, 8, **sampling)
                 runs: dict[str, list[dict]] = {arm: [] for arm in arms}
                 for repeat in range(args.repeats):
                     for arm in balanced_order(arms, repeat):
+                        running_alone(servers, arm, args.pause_idle)
                         runs[arm].append(one_set(servers[arm]["url"], prompts, c, args.max_tokens, **sampling))
                 row = {"concurrency": c, **summarize(runs)}
                 row["text_equal_to_target_at_c1"] = text_agreement(runs, reference)
@@ -171,10 +191,12 @@ def main() -> None:
                 print(f"C={c}: " + "  ".join(f"{a} {row[a]['output_tok_s_median']:.1f} tok/s" for a in arms) + "  |  "
                       + "  ".join(f"{a}/target {row[a + '_vs_target']:.3f}" for a in arms[1:]) + "  |  same text as target at C=1: "
                       + "  ".join(f"{a} {e}/{n}" for a, (e, n) in row["text_equal_to_target_at_c1"].items()), flush=True)
+            running_alone(servers, None, args.pause_idle)
             infos = {arm: httpx.get(f"{s['url']}/server_info", timeout=30).json() for arm, s in servers.items()}
             threads = {arm: info.get("threads") for arm, info in infos.items()}
             drafting = {arm: drafting_summary(info) for arm, info in infos.items()}
         finally:
+            running_alone(servers, None, args.pause_idle)
             for s in servers.values():
                 stop(s["proc"])
     print(f"\n{'C':>3} " + "".join(f"{a:>22}" for a in arms) + "".join(f"{a + '/target':>26}" for a in arms[1:]))
@@ -184,7 +206,7 @@ def main() -> None:
     write_result(args.out, {
         "host": platform.processor() or platform.machine(), "arms": arms, "max_tokens": args.max_tokens,
         "temperature": args.temperature, "seed": args.seed,
-        "repeats": args.repeats, "startup_s": {a: s["startup_s"] for a, s in servers.items()},
+        "repeats": args.repeats, "pause_idle": args.pause_idle, "startup_s": {a: s["startup_s"] for a, s in servers.items()},
         "threads": threads, "drafting": drafting, "rows": rows})
     for arm, d in drafting.items():
         if d:

@@ -52,13 +52,18 @@ def _started(*args: str, port: int, faults: deque) -> subprocess.Popen:
     """A reference server, its output read on so that it never blocks on a full pipe; lines that
     report a fault are kept in `faults`, for the failure message."""
     proc = start_reference_server(*args, port=port)
-
-    def read() -> None:
-        for line in proc.stdout:
-            if any(w in line for w in FAULT_WORDS):
-                faults.append(f"[{port}] {line.rstrip()}")
-    threading.Thread(target=read, daemon=True).start()
+    _keep_lines(proc.stdout, faults, f"[{port}]", FAULT_WORDS)
     return proc
+
+
+def _keep_lines(stream, into: deque, prefix: str, words: tuple[str, ...] = ()) -> None:
+    """Read `stream` on a daemon thread (so the process never blocks on a full pipe), keeping the
+    lines that hold any of `words` (every line without words) in `into`."""
+    def read() -> None:
+        for line in stream:
+            if not words or any(w in line for w in words):
+                into.append(f"{prefix} {line.rstrip()}")
+    threading.Thread(target=read, daemon=True).start()
 
 
 def _mapped(words: list[str], paths: dict[str, str]) -> list[str]:
@@ -151,6 +156,7 @@ def test_a_rolling_restart_through_the_router_loses_no_request(tmp_path):
     ports = [free_port(), free_port()]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     faults: deque[str] = deque(maxlen=40)
+    router_said: deque[str] = deque(maxlen=40)
     router_port = free_port()
     base = f"http://127.0.0.1:{router_port}"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "DSPARK_ROUTER": base,
@@ -167,7 +173,9 @@ def test_a_rolling_restart_through_the_router_loses_no_request(tmp_path):
             f.result()  # the first failed start, raised once the other replica is kept to be stopped
         router = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router",
                                    *_router_args(router_port, free_port(), urls)],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  start_new_session=True)
+        _keep_lines(router.stdout, router_said, "[router]")  # its warnings: why it refused, in a failure
         for url in urls:  # the manifest's probes answer on the replica started with its args
             for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
                 assert _probe_ok(url, container[probe]), (url, probe)
@@ -211,7 +219,8 @@ def test_a_rolling_restart_through_the_router_loses_no_request(tmp_path):
         # which load run (10 s each from the start) and why: a flake on a loaded CI host says what it was
         failed = [(f"run {i}", s["failures"], s["errors"]) for i, r in enumerate(reports) for s in r["steps"]
                   if s["failures"]]
-        assert failures == 0 and locust_failures == 0, f"{'; '.join(timeline)}: {failed}; replicas said: {list(faults)}"
+        assert failures == 0 and locust_failures == 0, (
+            f"{'; '.join(timeline)}: {failed}; replicas said: {list(faults)}; the router said: {list(router_said)}")
     finally:
         for busy in contention:
             stop(busy)

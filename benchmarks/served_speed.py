@@ -116,7 +116,23 @@ def drafting_summary(info: dict) -> dict | None:
     return {"decode_steps": record["decode_steps"], "probe_steps": record["probe_steps"],
             "steps_on_record": len(steps), "drafted_steps": len(drafted),
             "drafted_share_of_time": round(sum(r["step_ms"] for r in drafted) / total_ms, 4),
+            "drafting_saved_share": {kind: drafting_saved_share(steps, probe) for kind, probe
+                                     in (("planned", False), ("probes", True))},
             "sps_source": record["sps_source"]}
+
+
+def drafting_saved_share(steps: list[dict], probe: bool) -> float | None:
+    """What the drafted steps (planned ones, or probes) saved, as a share of the steps' time: each one
+    against the undrafted steps of its batch size (their median) that would have emitted its tokens;
+    negative where drafting cost time. None without such steps, or undrafted ones to price them."""
+    plain: dict[int, list[float]] = {}
+    for r in steps:
+        if not r["drafted"]:
+            plain.setdefault(r["bs"], []).append(r["step_ms"])
+    saved = [statistics.median(plain[r["bs"]]) * (r["bs"] + r["accepted_drafts"]) / r["bs"] - r["step_ms"]
+             for r in steps if r["drafted"] and r["probe"] == probe and r["bs"] in plain]
+    total_ms = sum(r["step_ms"] for r in steps)
+    return round(sum(saved) / total_ms, 4) if saved and total_ms else None
 
 
 def text_agreement(runs: dict[str, list[dict]], reference: dict[int, str]) -> dict:
@@ -212,7 +228,8 @@ def main() -> None:
         if d:
             print(f"{arm}: {d['drafted_steps']} drafted steps ({d['probe_steps']} probes) in the last "
                   f"{d['steps_on_record']} of {d['decode_steps']} decode steps; {d['drafted_share_of_time']:.1%} of "
-                  "their time")
+                  f"their time; saved against plain steps of the same batch (negative: cost): "
+                  + ", ".join(f"{k} {v:+.1%}" if v is not None else f"{k} -" for k, v in d["drafting_saved_share"].items()))
 
 
 if __name__ == "__main__":

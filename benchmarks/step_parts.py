@@ -33,7 +33,7 @@ PARTS = ("plan", "capacity", "draft", "allocate", "verify_forward", "verify_step
 
 
 def timed_engine(arm: str, pair, launch_profiles: dict, concurrency: int, model: str):
-    """(engine of `arm`, seconds by part) with its parts wrapped (verify_step: `RunningArm`)."""
+    """(engine of `arm`, seconds by part) with its methods wrapped (verify_step apart: see main)."""
     engine = engine_for(arm, pair, launch_profiles, concurrency, model)
     spent = collections.defaultdict(float)
     policy = engine.policy
@@ -45,20 +45,6 @@ def timed_engine(arm: str, pair, launch_profiles: dict, concurrency: int, model:
         methods.append((policy.planner, "capacity", "capacity"))
     time_calls(spent, methods)
     return engine, spent
-
-
-class RunningArm:
-    """Seconds by part of the arm running now. verify_step is a module function every engine calls by
-    its global name, so it is wrapped once (`time_calls`) and charged here to whichever arm runs."""
-
-    def __init__(self):
-        self.spent: dict = {}
-
-    def __getitem__(self, key):
-        return self.spent[key]
-
-    def __setitem__(self, key, value):
-        self.spent[key] = value
 
 
 def main() -> None:
@@ -80,8 +66,10 @@ def main() -> None:
     import sglang_dspark.engine.engine as engine_module
 
     pair = load_pair(args.model, args.draft, args.dtype)
-    running = RunningArm()
-    time_calls(running, [(engine_module, "verify_step", "verify_step")])
+    # verify_step is a module function every engine calls by its global name: wrapped once, its
+    # seconds moved into the arm that ran after each run
+    verify_spent = collections.defaultdict(float)
+    time_calls(verify_spent, [(engine_module, "verify_step", "verify_step")])
     launch_profile = resolve_profile(args.profile, engine="reference", model=zoo.resolve_model(args.model),
                                      draft=args.draft, seed_ok=True, weight_format=pair[0].weight_format)
     arms = [a for a in args.arms.split(",") if a]
@@ -92,14 +80,14 @@ def main() -> None:
         engines = {arm: timed_engine(arm, pair, {"default": launch_profile}, concurrency, args.model) for arm in arms}
         per = {arm: collections.defaultdict(list) for arm in arms}
         for arm in arms:  # one untimed run each: the engines' first steps build their pools and tables
-            running.spent = engines[arm][1]
             run_mode(engines[arm][0], prompts, params)
         for rep in range(args.repeats):
             for arm in balanced_order(arms, rep):
                 engine, spent = engines[arm]
                 spent.clear()
-                running.spent = spent
+                verify_spent.clear()
                 run = run_mode(engine, prompts, params)
+                spent["verify_step"] = verify_spent["verify_step"]
                 steps = run["steps"]
                 spent["host"] = spent["step"] - spent["verify_forward"] - spent["draft"] - spent["prefill"]
                 for part in PARTS:

@@ -14,6 +14,7 @@ import decode_speed  # noqa: E402
 import decode_speed_pool  # noqa: E402
 import loadtest_frontier  # noqa: E402
 import plan_latency  # noqa: E402
+import served_speed  # noqa: E402
 
 from sglang_dspark.engine.records import StepRecord  # noqa: E402
 
@@ -137,3 +138,18 @@ def test_pilot_states_are_the_final_normed_state_or_the_drafters_layers_each_nor
     for i in range(layers - 1):
         want = torch.nn.functional.rms_norm(features[t, i * hidden:(i + 1) * hidden], (hidden,))
         assert torch.allclose(drafter[:, i * hidden:(i + 1) * hidden], want, atol=1e-2)
+
+
+def test_served_speed_prices_drafted_steps_against_plain_steps_of_their_batch():
+    steps = [{"bs": 2, "drafted": False, "probe": False, "accepted_drafts": 0, "step_ms": ms} for ms in (8.0, 10.0, 15.0)]
+    steps += [{"bs": 1, "drafted": False, "probe": False, "accepted_drafts": 0, "step_ms": 6.0},
+              # planned: 2 + 2 tokens, worth 2 plain steps of 10 ms (the median at bs 2): 20 - 14 = 6 saved
+              {"bs": 2, "drafted": True, "probe": False, "accepted_drafts": 2, "step_ms": 14.0},
+              # a probe at bs 1 that verified nothing: 6 - 9 = -3
+              {"bs": 1, "drafted": True, "probe": True, "accepted_drafts": 0, "step_ms": 9.0},
+              # no plain step at bs 4 to price it: left out
+              {"bs": 4, "drafted": True, "probe": True, "accepted_drafts": 1, "step_ms": 11.0}]
+    total = 8 + 10 + 15 + 6 + 14 + 9 + 11  # 73 ms
+    assert served_speed.drafting_saved_share(steps, probe=False) == round(6 / total, 4)
+    assert served_speed.drafting_saved_share(steps, probe=True) == round(-3 / total, 4)
+    assert served_speed.drafting_saved_share(steps[:4], probe=True) is None  # nothing drafted

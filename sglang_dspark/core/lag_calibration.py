@@ -37,6 +37,11 @@ import torch
 GROUPS = ("prior", "lag", "older")  # no row; a row `lag` steps old (a chain of drafted steps); older
 
 
+def _as_list(values) -> list:
+    """A tensor's or array's values as Python lists (one `tolist`); a list or tuple as it is."""
+    return values.tolist() if hasattr(values, "tolist") else list(values)
+
+
 class LagCalibration:
     """Realized / promised conditional survival per age group of the lagged row, learned from
     verified drafts (counted per position too, for the report)."""
@@ -89,13 +94,10 @@ class LagCalibration:
         Every drafted step comes here on the decode loop's thread, right after the target's forward
         has flushed the caches, where each numpy or torch call costs several microseconds: the sums
         are plain Python over the few reached drafts (R x G at most), one `tolist` per argument."""
-        rows = conf.tolist() if hasattr(conf, "tolist") else [list(r) for r in conf]
-        lens = verify_lens.tolist() if hasattr(verify_lens, "tolist") else list(verify_lens)
-        accs = accepted.tolist() if hasattr(accepted, "tolist") else list(accepted)
-        groups = groups.tolist() if hasattr(groups, "tolist") else groups
+        rows, lens, accs, groups = _as_list(conf), _as_list(verify_lens), _as_list(accepted), _as_list(groups)
         sums, reached, gamma, seen = self._sums, self._reached, self.gamma, False
         for group, row, verify, acc in zip(groups, rows, lens, accs):
-            upto = min(max(0, min(int(verify), gamma)), int(acc) + 1, len(row))
+            upto = min(int(verify), gamma, int(acc) + 1, len(row))
             if upto <= 0:
                 continue
             seen = True

@@ -42,11 +42,6 @@ def _host_survival(conf: torch.Tensor | np.ndarray) -> np.ndarray:
     return np.cumprod(np.asarray(conf, dtype=np.float32), axis=1, dtype=np.float64).astype(np.float32)
 
 
-def _host_ints(values) -> np.ndarray:
-    """Per-request counts (a CPU tensor, a list) as an int64 array, without a Python int per element."""
-    return values.numpy() if isinstance(values, torch.Tensor) else np.asarray(values, dtype=np.int64)
-
-
 def _ranked_candidates(survival: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Sorted candidate survivals (float64) and their flat indices into survival.T.
 
@@ -368,7 +363,7 @@ class AsyncPlanner:
         if self.calibration is None:
             return
         self.calibration.observe_many(self._groups(request_ids), self._lagged_conf(request_ids).numpy(),
-                                      _host_ints(verify_lens), _host_ints(num_accepted))
+                                      verify_lens, num_accepted)
 
     def observe(self, request_ids: Sequence[Hashable], conf: torch.Tensor) -> None:
         """Record this step's confidences; they inform the capacity `lag` steps later. A block cut

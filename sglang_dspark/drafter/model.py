@@ -379,12 +379,7 @@ class DraftKVCache:
                 self.buf_used[slot] = used + n
             self.lengths[slot] = end
         if src:
-            picked = hidden[src[0]:src[0] + len(src)] if src == list(range(src[0], src[0] + len(src))) \
-                else hidden[torch.tensor(src)]
-            if dst_slot[0] == dst_slot[-1]:  # one slot (one request): its rows are one slice of its buffer
-                self._buf[dst_slot[0], dst_row[0]:dst_row[-1] + 1] = picked
-            else:
-                self._buf[torch.tensor(dst_slot), torch.tensor(dst_row)] = picked.to(self._buf.dtype)
+            self._write_rows(dst_slot, dst_row, hidden, src)
 
     def _append_one_each(self, slots, starts, hidden, offsets, counts) -> bool:
         """The step that drafted nothing: one row a slot, each extending its buffer, staged in one
@@ -404,17 +399,22 @@ class DraftKVCache:
                 buf_start[slot] = start
             used[slot] += 1
             lengths[slot] = start + 1
-        if len(slots) == 1:  # a row copy: no index tensor
-            self._buf[slots[0], rows[0]].copy_(hidden[offsets[0]])
-            return True
-        # one index_copy_ of every slot's row into the flattened buffer: a copy per slot was three
-        # torch calls each, each a cache miss right after the forward (index_put_ with two index
-        # tensors cost more still)
+        self._write_rows(slots, rows, hidden, list(offsets))
+        return True
+
+    def _write_rows(self, slots: list[int], rows: list[int], hidden: torch.Tensor, src: list[int]) -> None:
+        """hidden[src[i]] into buffer row rows[i] of slots[i], in one copy: a slice when the rows are
+        one slot's (each slot comes once a call, its rows consecutive), else one index_copy_ into the
+        flattened buffer (a copy per slot was three torch calls each, each a cache miss right after
+        the forward; index_put_ with two index tensors cost more still)."""
+        picked = hidden[src[0]:src[0] + len(src)] if src == list(range(src[0], src[0] + len(src))) \
+            else hidden[torch.tensor(src)]
+        if slots[0] == slots[-1]:
+            self._buf[slots[0], rows[0]:rows[0] + len(rows)].copy_(picked)
+            return
         flat = self._buf.view(-1, self._buf.shape[-1])
         index = torch.tensor([slot * STAGE_ROWS + row for slot, row in zip(slots, rows)])
-        src = hidden if offsets == list(range(hidden.shape[0])) else hidden[torch.tensor(offsets)]
-        flat.index_copy_(0, index, src.to(flat.dtype))
-        return True
+        flat.index_copy_(0, index, picked.to(flat.dtype))
 
     def truncate(self, slot: int, length: int) -> None:
         self.lengths[slot] = min(self.lengths[slot], int(length))

@@ -179,3 +179,19 @@ def write_result(path, result: dict) -> None:
         json.dump(result, f, indent=2)
         f.write("\n")
     print(f"wrote {path}")
+
+
+def drafting_saved_ms(steps, probe: bool) -> float | None:
+    """What a run's drafted steps (planned ones, or probes) saved, in ms: each one against the
+    undrafted steps of its batch size in the same run (their median) that would have emitted its
+    tokens; negative where drafting cost time. Within one run, so a host that slows or speeds up
+    between runs moves both sides. None without such steps, or undrafted ones to price them.
+    `steps`: StepRecords or their dicts (bs, drafted, probe, accepted_drafts, step_ms)."""
+    rows = [s if isinstance(s, dict) else vars(s) for s in steps]
+    plain: dict[int, list[float]] = {}
+    for r in rows:
+        if not r["drafted"]:
+            plain.setdefault(r["bs"], []).append(r["step_ms"])
+    saved = [statistics.median(plain[r["bs"]]) * (r["bs"] + r["accepted_drafts"]) / r["bs"] - r["step_ms"]
+             for r in rows if r["drafted"] and r["probe"] == probe and r["bs"] in plain]
+    return sum(saved) if saved else None

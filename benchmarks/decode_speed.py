@@ -12,6 +12,8 @@ Arms (`--arms`):
 - `seeded`: scheduled on `--seed-profile` (a profile captured on other hardware; by default a copy
   of `--profile` whose hardware field names another CPU) the way `launch` uses it on this host:
   "seeded+online". With `default` on a profile of this host, one run measures both launch paths.
+- `fitted`: `default` with the throughput planner taking the table's prices of drafted steps at their
+  word (no time margin: engine/policy.py `_time_margin`);
 - `nolag`: `default` with the planner reading its lagged confidences as they are, uncorrected
   (core/lag_calibration.py off: the scheduler before lag calibration);
 - `fixedK` (K = 1 .. gamma): scheduled, every step's budget forced to K drafts a request (the sweep
@@ -52,10 +54,12 @@ import statistics
 from pathlib import Path
 
 import torch
-from common import add_common_args, balanced_order, force_drafts_per_request, heldout_prompts, load_pair, serve_all
+from common import (add_common_args, balanced_order, drafting_saved_ms, force_drafts_per_request, heldout_prompts, load_pair,
+                    serve_all)
+
 DORMANT = ("dormant", "dormant-nostage")
-ARMS = ("target", "full", "default", "nolag", "online", "static", "seeded", *DORMANT)
-SCHEDULED = ("default", "nolag", "online", "static", "seeded", *DORMANT)
+ARMS = ("target", "full", "default", "nolag", "fitted", "online", "static", "seeded", *DORMANT)
+SCHEDULED = ("default", "nolag", "fitted", "online", "static", "seeded", *DORMANT)
 
 
 def run_mode(engine, prompts: list[list[int]], params) -> dict:
@@ -78,7 +82,24 @@ def run_mode(engine, prompts: list[list[int]], params) -> dict:
         "drafted_steps": len(drafted), "probe_steps": sum(r.probe for r in drafted),
         "drafted_s": round(sum(r.step_ms for r in drafted) / 1e3, 3),
         "outside_decode_s": round(run.wall_s - sum(r.step_ms for r in records) / 1e3, 3),
+        # what drafting saved (negative: cost) against this run's own plain steps: host noise between
+        # runs, which swamps small speed ratios, cancels out of it
+        **{f"saved_by_{kind}_s": None if (ms := drafting_saved_ms(records, probe)) is None else round(ms / 1e3, 4)
+           for kind, probe in (("planned", False), ("probes", True))},
     }
+
+
+def saved_shares(runs: dict[str, list[dict]], arms) -> dict:
+    """Per scheduled arm: what its planned drafted steps and its probes saved over all its runs, as a
+    share of its decode time (`saved_by_*_s` over the runs' wall less what was outside decode steps)."""
+    out = {}
+    for arm in arms:
+        if arm in ("target", "full"):
+            continue
+        decode_s = sum(r["wall_s"] - r["outside_decode_s"] for r in runs[arm]) or 1.0
+        out[arm] = {kind: round(sum(r[f"saved_by_{kind}_s"] or 0.0 for r in runs[arm]) / decode_s, 4)
+                    for kind in ("planned", "probes")}
+    return out
 
 
 def summarize_arms(row: dict, runs: dict[str, list[dict]], arms) -> dict:
@@ -128,13 +149,15 @@ def engine_for(arm: str, pair, launch_profiles: dict, concurrency: int, model: s
     config = EngineConfig(mode=mode, max_running=concurrency, max_len=1024, learn_sps=arm != "static")
     engine = Engine(target, tokenizer, drafter if mode != "target" else None, config=config, sps=sps,
                     sts_temperatures=profile.sts_temperatures(), model_name=model,
-                    sps_seeded=arm in ("default", "nolag", "seeded", *DORMANT) and resolved.seed_only)
+                    sps_seeded=arm in ("default", "nolag", "fitted", "seeded", *DORMANT) and resolved.seed_only)
     if controlled is not None and arm != "target":
         drafter.bind(engine)
     if is_fixed(arm):
         force_drafts_per_request(engine, int(arm[5:]), concurrency)
     if arm == "nolag":
         engine.policy.planner.calibration = None
+    if arm == "fitted":
+        engine.policy.time_margin = False
     if arm in DORMANT:
         from sglang_dspark.engine.policy import NO_DRAFT
 
@@ -244,9 +267,12 @@ def main() -> None:
                 runs[arm].append(run_mode(engine, prompts, params))
                 print(f"  C={concurrency:<3} {arm:<9} run {rep + 1}: {runs[arm][-1]['output_tok_s']:>8.2f} tok/s  "
                       f"tau {runs[arm][-1]['tau']:.2f}  drafted steps {runs[arm][-1]['drafted_steps']:>3} "
-                      f"({runs[arm][-1]['drafted_s']:.2f} s)  plain step {runs[arm][-1]['plain_step_ms_median'] or 0:.1f} ms",
+                      f"({runs[arm][-1]['drafted_s']:.2f} s)  plain step {runs[arm][-1]['plain_step_ms_median'] or 0:.1f} ms"
+                      f"  saved by drafting {runs[arm][-1]['saved_by_planned_s'] or 0:+.3f} s, by probes "
+                      f"{runs[arm][-1]['saved_by_probes_s'] or 0:+.3f} s",
                       flush=True)
         summarize_arms(row, runs, arms)
+        row["saved_by_drafting"] = saved_shares(runs, arms)
         rows.append(row)
 
     others = [a for a in (*SCHEDULED, *(a for a in arms if is_fixed(a))) if a in arms and a != "default"]
@@ -258,6 +284,11 @@ def main() -> None:
         print(f"{r['concurrency']:>3} " + " ".join(f"{r[arm]['output_tok_s']:>14.2f}" for arm in arms)
               + f" {r['default']['tau']:>11.2f} {r['default_vs_target']:>15.3f} {r['default_vs_best']:>13.3f}"
               + "".join(f" {r[a + '_vs_target']:>15.3f} {r[a + '_vs_best']:>13.3f}" for a in others))
+    print("\nsaved by planned drafted steps / by probes, share of the arm's decode time over all repeats "
+          "(each drafted step against its run's plain steps; negative: cost)")
+    for r in rows:
+        print(f"{r['concurrency']:>3} " + "  ".join(
+            f"{arm} {v['planned']:+.2%} / {v['probes']:+.2%}" for arm, v in r["saved_by_drafting"].items()))
     result = {
         "benchmark": "decode_speed",
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "torch_threads": args.threads,

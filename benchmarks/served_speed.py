@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-from common import ROOT, balanced_order, write_result
+from common import ROOT, balanced_order, drafting_saved_ms, write_result
 
 from sglang_dspark.prompts import load_prompts
 from sglang_dspark.testing.servers import free_port, start_reference_server, stop
@@ -122,17 +122,10 @@ def drafting_summary(info: dict) -> dict | None:
 
 
 def drafting_saved_share(steps: list[dict], probe: bool) -> float | None:
-    """What the drafted steps (planned ones, or probes) saved, as a share of the steps' time: each one
-    against the undrafted steps of its batch size (their median) that would have emitted its tokens;
-    negative where drafting cost time. None without such steps, or undrafted ones to price them."""
-    plain: dict[int, list[float]] = {}
-    for r in steps:
-        if not r["drafted"]:
-            plain.setdefault(r["bs"], []).append(r["step_ms"])
-    saved = [statistics.median(plain[r["bs"]]) * (r["bs"] + r["accepted_drafts"]) / r["bs"] - r["step_ms"]
-             for r in steps if r["drafted"] and r["probe"] == probe and r["bs"] in plain]
-    total_ms = sum(r["step_ms"] for r in steps)
-    return round(sum(saved) / total_ms, 4) if saved and total_ms else None
+    """What the drafted steps (planned ones, or probes) saved, as a share of the steps' time
+    (`common.drafting_saved_ms`); negative where drafting cost time."""
+    saved, total_ms = drafting_saved_ms(steps, probe), sum(r["step_ms"] for r in steps)
+    return round(saved / total_ms, 4) if saved is not None and total_ms else None
 
 
 def text_agreement(runs: dict[str, list[dict]], reference: dict[int, str]) -> dict:

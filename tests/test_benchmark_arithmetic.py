@@ -39,6 +39,9 @@ def test_decode_speed_run_mode_summarises_the_recorded_steps(monkeypatch):
     assert out["plain_step_ms_median"] == 10.0 and out["drafted_steps"] == 2 and out["probe_steps"] == 1
     assert out["drafted_s"] == 0.032  # 20 + 12 ms
     assert out["outside_decode_s"] == pytest.approx(0.048)  # 100 ms wall - 52 ms of steps
+    # the drafted step at bs 2 emitted 5 tokens, worth 2.5 plain steps of 8 ms: 20 - 20 = 0 saved; the
+    # probe emitted 3, worth 1.5 plain steps: 12 - 12 = 0 saved
+    assert out["saved_by_planned_s"] == pytest.approx(0.0) and out["saved_by_probes_s"] == pytest.approx(0.0)
 
 
 def test_decode_speed_ratios_are_per_repeat_and_the_median_run_stands_for_the_arm():

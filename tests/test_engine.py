@@ -106,6 +106,9 @@ def test_sampled_output_follows_the_target_distribution(learn, min_accepted):
         m2, m3 = exact_marginals(hf, prompt)
         engine = tiny_engine("scheduled", hf=hf, sps=jagged_sps(), max_running=16, seed=len(prompt), learn_sps=learn,
                              clock=TickClock() if learn else None)
+        # a tick clock's step times follow its reads, not the work: the time margin on them would price
+        # drafting out for one prompt, and what is under test is exactness while the table changes
+        engine.policy.time_margin = False
         t2, t3 = sample_tokens_2_and_3(engine, prompt, 4000, seed=0)
         assert chi2_pvalue(t2, m2) > ALPHA and chi2_pvalue(t3, m3) > ALPHA
         accepted = sum(r.accepted_drafts for r in engine.records)

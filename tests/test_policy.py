@@ -8,7 +8,7 @@ import torch
 
 from sglang_dspark.core.sps import SpsTable
 from sglang_dspark.engine.guard import DraftingGuard, bucket
-from sglang_dspark.engine.policy import SpeculationPolicy
+from sglang_dspark.engine.policy import MARGIN_MIN_STEPS, DraftPlan, SpeculationPolicy
 
 GAMMA = 4
 
@@ -94,6 +94,48 @@ def test_the_guard_stops_drafting_that_loses_and_retries_after_cooldown():
     assert not any(p.draft for p in plans[first_block:])
     plans, _ = run(policy, 100)  # the cooldown ends: it tries again, loses again, stops again
     assert any(p.draft for p in plans) and guard.blocks == 2
+
+
+def test_drafted_steps_the_table_under_prices_are_priced_dearer_until_drafting_stops():
+    """The table says a drafted step costs what a plain one does; here it costs 1.5x (plain 40 ms,
+    drafted 60 ms), and drafts survive 0.3 of the time: 1 + 0.3 + 0.09 + ... ~ 1.4 tokens a request
+    for 1.5x the time loses. Without the guard (it never judges), the planner still stops: after
+    MARGIN_MIN_STEPS drafted steps its time margin is 60 / 40 - 1 = 0.5 (plain steps priced right),
+    and no budget pays at 1.5x the table's price. Without the margin it drafts every step."""
+    free = SpsTable.from_points([1, 64], [25.0, 25.0], max_batch_tokens=64)
+
+    def planned(margin: bool) -> int:
+        # the table as it is (no learning: it would learn the price itself), the margin on or off
+        policy = SpeculationPolicy("scheduled", GAMMA, free, learn=False, guard=DraftingGuard(min_steps=10**9),
+                                   probe_every=1000, calibrate_lag=False, time_margin=margin)
+        plans, _ = run(policy, 60, accept=0.3, drafter_s=0.020, token_s=0.0)
+        return sum(p.draft and not p.probe for p in plans)
+
+    assert planned(margin=True) <= MARGIN_MIN_STEPS + 1  # the measuring steps, then none
+    assert planned(margin=False) >= 55
+
+
+def test_the_time_margin_is_the_drafted_steps_pricing_error_beside_the_plain_steps():
+    """A host that runs every step 20 % slower than the table says needs no margin; drafted steps
+    20 % dearer than the table, beside plain steps it prices right, get 0.2; drafted steps cheaper
+    than the table get none."""
+    table = SpsTable.from_points([1, 64], [25.0, 25.0], max_batch_tokens=64)
+
+    def margin(plain_s: float, drafted_s: float) -> float:
+        policy = SpeculationPolicy("scheduled", GAMMA, table, learn=False, time_margin=True)
+        plain, drafted = DraftPlan(capacity=0, draft=False), DraftPlan(capacity=1, draft=True)
+        now = 0.0
+        for i in range(12):
+            kind, seconds = (drafted, drafted_s) if i % 2 else (plain, plain_s)
+            policy.on_step(kind, 1, 1 + kind.capacity, 1, kind.draft, now, now + seconds)
+            now += seconds
+        return policy.planner.time_margin
+
+    assert margin(0.048, 0.048) == 0.0  # both 20 % over the table's 40 ms
+    assert abs(margin(0.040, 0.048) - 0.2) < 1e-9
+    assert margin(0.040, 0.036) == 0.0
+    assert SpeculationPolicy("scheduled", GAMMA, table, learn=True).time_margin  # on while learning, by default
+    assert not SpeculationPolicy("scheduled", GAMMA, table, learn=False).time_margin
 
 
 def test_the_guard_keeps_drafting_that_wins():

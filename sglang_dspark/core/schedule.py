@@ -90,13 +90,21 @@ def _host(survival: torch.Tensor | np.ndarray) -> np.ndarray:
     return survival.detach().cpu().numpy() if isinstance(survival, torch.Tensor) else survival
 
 
-def decide_budget(survival: torch.Tensor | np.ndarray, sps: SpsTable, *, early_stop: bool = False) -> BudgetDecision:
+def decide_budget(survival: torch.Tensor | np.ndarray, sps: SpsTable, *, early_stop: bool = False,
+                  time_margin: float = 0.0) -> BudgetDecision:
     """Total verify budget for survival a [R, G] (cumulative, non-increasing along G; a tensor or a
-    host array)."""
+    host array). `time_margin` m prices every drafted step (k > 0) at (1 + m) times the table's
+    seconds when choosing: a draft must pay even if the table under-prices drafted steps by m (the
+    plain step, k = 0, is what the table knows best). The decision reports the table's own price."""
     num_requests = survival.shape[0]
     values, _ = _ranked_candidates(_host(survival))
     theta, seconds = _theta_curve(values, num_requests, sps)
-    k = _pick_budget(theta, early_stop)
+    if time_margin > 0.0:
+        chosen = theta.copy()
+        chosen[1:] /= 1.0 + time_margin
+        k = _pick_budget(chosen, early_stop)
+    else:
+        k = _pick_budget(theta, early_stop)
     return BudgetDecision(k, float(seconds[k]), float(theta[k]))
 
 
@@ -235,6 +243,9 @@ class AsyncPlanner:
         self.last_decision: BudgetDecision | None = None
         self.overhead_seconds = 0.0  # SLA mode: the engine's measured non-forward time per decode step
         self.time_scale = 1.0  # SLA mode: how much slower steps run than the table predicts (engine-measured)
+        # throughput mode: how much dearer drafted steps run than the table says (engine-measured;
+        # 0 = the table's price)
+        self.time_margin = 0.0
         # capacity() reads only the table, the histories and the request ids: while none changes (every
         # undrafted step of a steady batch: nothing is observed) its decision is the last one (on a CPU
         # the search is a few percent of a plain step).
@@ -293,7 +304,8 @@ class AsyncPlanner:
         if not request_ids:
             return 0
         self.clock += 1
-        key = (self._history_version, tuple(request_ids), self.sla_tok_s_per_user, self.overhead_seconds, self.time_scale)
+        key = (self._history_version, tuple(request_ids), self.sla_tok_s_per_user, self.overhead_seconds, self.time_scale,
+               self.time_margin)
         groups = None
         if self.calibration is not None:
             groups = self._groups(request_ids)
@@ -303,7 +315,7 @@ class AsyncPlanner:
         else:
             survival = self._survival(request_ids, groups)
             if self.sla_tok_s_per_user is None:
-                decision = decide_budget(survival, self.sps, early_stop=False)
+                decision = decide_budget(survival, self.sps, early_stop=False, time_margin=self.time_margin)
             else:
                 decision = decide_budget_sla(survival, self.sps, self.sla_tok_s_per_user,
                                              overhead_seconds=self.overhead_seconds, time_scale=self.time_scale)

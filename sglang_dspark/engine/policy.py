@@ -32,6 +32,7 @@ SOURCES = ("flat", "profile", "profile+online", "seeded+online", "online")
 EXPLORE_SLACK = 0.9  # explore unless the best case is >10 % short of paying: noise must not prune
 
 SCALE_MIN_STEPS = 8  # SLA mode rescales the table by measured / predicted step times from this many on
+MARGIN_MIN_STEPS = 4  # drafted steps measured before their pricing error sets the planner's time margin
 LEARNER_FIT_SHARE = 0.002  # the learner's refits take at most 0.2 % of the engine thread's step time
 
 @dataclass(frozen=True)
@@ -61,14 +62,16 @@ class SpeculationPolicy:
     ...: the table interpolates within one) has fewer than `explore_until` drafted steps on record.
 
     `calibrate_lag` corrects the lagged confidences the planner reads by how they have held up
-    (core/lag_calibration.py).
+    (core/lag_calibration.py). `time_margin` (default: while learning, since with learning off the
+    table is taken as it is) prices drafted steps in the throughput planner by how much dearer than
+    the table they have run (`_time_margin`).
     """
 
     def __init__(self, mode: str, gamma: int, sps: SpsTable | None, *, learn: bool = False, seeded: bool = False,
                  max_batch_tokens: int = 64, lag: int = 2, buckets: Sequence[int] = (),
                  sla_tok_s_per_user: float | None = None, probe_every: int = 32, probe_max: int = 256,
                  explore_until: int = 3, warmup_steps: int = 8, clock: Callable[[], float] | None = None, guard: DraftingGuard | None = None,
-                 calibrate_lag: bool = True):
+                 calibrate_lag: bool = True, time_margin: bool | None = None):
         if mode not in MODES:
             raise ValueError(f"mode: must be one of {MODES}, got {mode!r}")
         self.mode, self.gamma = mode, gamma
@@ -90,6 +93,7 @@ class SpeculationPolicy:
                                     sla_tok_s_per_user=sla_tok_s_per_user, prior="observed",
                                     calibrate_lag=calibrate_lag) if gamma else None
         self.guard = guard or DraftingGuard()
+        self.time_margin = learn if time_margin is None else time_margin
         self.forced_budget_frac: float | None = None  # the profiler's knob (SGLang's dspark_force_budget_frac)
         self.table_since = self.clock()  # when the table in use was (re)fitted
         self.probes = self.steps = 0
@@ -99,6 +103,10 @@ class SpeculationPolicy:
         self._explore_pays = False
         self._last_decode_end: float | None = None  # SLA mode: the gap between decode steps
         self._step_ratios: deque[float] = deque(maxlen=64)  # measured / predicted step time
+        # the last plain and drafted steps apart, (tokens, requests, seconds): how much dearer drafted
+        # steps run than the table in use says (`_time_margin`)
+        self._plain_steps: deque[tuple[int, int, float]] = deque(maxlen=64)
+        self._drafted_steps: deque[tuple[int, int, float]] = deque(maxlen=64)
         self._errors: deque[float] = deque(maxlen=100)  # |predicted - measured| / measured
 
     @property
@@ -249,6 +257,8 @@ class SpeculationPolicy:
         if predicted is not None:
             self._errors.append(abs(predicted - seconds) / seconds)
             self._step_ratios.append(seconds / predicted)
+            if self.time_margin and self.planner is not None:
+                (self._drafted_steps if drafted else self._plain_steps).append((num_tokens, num_requests, seconds))
         if self.speculates:
             undrafted = None if self.sps.is_flat else self._predicted_seconds(num_requests, num_requests, False)
             self.guard.observe(num_requests, emitted, seconds, undrafted, planned_draft=drafted and not plan.probe
@@ -259,6 +269,8 @@ class SpeculationPolicy:
             if table is not self.sps and table is not None:
                 self.sps = self.planner.sps = table
                 self.table_since = end
+        if self._drafted_steps and (drafted or self.table_since == end):  # a drafted step, or a new table
+            self.planner.time_margin = self._time_margin()
         if self.sla_mode and predicted is not None:
             if gap is not None:  # the EWMA of time between decode steps: prefills, streaming
                 self.planner.overhead_seconds += 0.1 * (gap - self.planner.overhead_seconds)
@@ -267,6 +279,22 @@ class SpeculationPolicy:
             if len(self._step_ratios) >= SCALE_MIN_STEPS:
                 self.planner.time_scale = float(np.quantile(np.fromiter(self._step_ratios, float), 0.9))
         return predicted
+
+    def _time_margin(self) -> float:
+        """How much dearer than the table in use says drafted steps have run, relative to plain steps
+        (the medians of measured / priced over the last 64 of each, priced by the current table, so
+        that what learning has absorbed leaves the margin; a host that slows every step alike changes
+        nothing; before any plain step the table's plain price is taken as right): the throughput
+        planner prices drafted steps that much higher. 0 until `MARGIN_MIN_STEPS` drafted steps are
+        measured, and where the table over-prices them."""
+        if len(self._drafted_steps) < MARGIN_MIN_STEPS or self.sps.is_flat:
+            return 0.0
+
+        def ratio(steps, drafted: bool) -> float:
+            return statistics.median(s / self._predicted_seconds(t, r, drafted) for t, r, s in steps)
+
+        plain = ratio(self._plain_steps, False) if self._plain_steps else 1.0
+        return max(0.0, ratio(self._drafted_steps, True) / plain - 1.0)
 
     def _predicted_seconds(self, num_tokens: int, num_requests: int, drafted: bool) -> float:
         """The table's price of a step (the guard's plain step too: B = R, not drafted), memoised per
@@ -306,6 +334,7 @@ class SpeculationPolicy:
             "probe_steps": self.probes, "decode_steps": self.steps,
             "guard_blocked_from_bs": self.guard.blocked_buckets(), "guard_blocks": self.guard.blocks,
             "guard_realised_gain_from_bs": self.guard.gains(),
+            "planner_time_margin": None if self.planner is None else round(self.planner.time_margin, 4),
             "forced_budget_frac": self.forced_budget_frac,
             "sps": None if self.sps.is_flat else self.sps.to_dict(),
             "sps_drafted_samples": sum(s.drafted for s in learner.samples) if learner else 0,

@@ -118,6 +118,11 @@ def drafting_summary(info: dict) -> dict | None:
             "drafted_share_of_time": round(sum(r["step_ms"] for r in drafted) / total_ms, 4),
             "drafting_saved_share": {kind: drafting_saved_share(steps, probe) for kind, probe
                                      in (("planned", False), ("probes", True))},
+            # the drafted steps that cost most: a few outliers (one-time work on a new shape?) can
+            # outweigh every other drafted step
+            "slowest_drafted": [{k: r[k] for k in ("bs", "budget", "num_verify_tokens", "accepted_drafts", "probe", "predicted_step_ms",
+                                                   "step_ms", "draft_ms", "target_verify_ms", "time")}
+                                for r in sorted(drafted, key=lambda r: r["step_ms"], reverse=True)[:5]],
             "sps_source": record["sps_source"]}
 
 
@@ -223,6 +228,8 @@ def main() -> None:
                   f"{d['steps_on_record']} of {d['decode_steps']} decode steps; {d['drafted_share_of_time']:.1%} of "
                   f"their time; saved against plain steps of the same batch (negative: cost): "
                   + ", ".join(f"{k} {v:+.1%}" if v is not None else f"{k} -" for k, v in d["drafting_saved_share"].items()))
+            print("  slowest drafted steps (bs, budget, probe, ms): " + "; ".join(
+                f"{r['bs']}, {r['budget']}, {r['probe']}, {r['step_ms']:.1f}" for r in d["slowest_drafted"]))
 
 
 if __name__ == "__main__":

@@ -156,3 +156,16 @@ def test_served_speed_prices_drafted_steps_against_plain_steps_of_their_batch():
     assert served_speed.drafting_saved_share(steps, probe=False) == round(6 / total, 4)
     assert served_speed.drafting_saved_share(steps, probe=True) == round(-3 / total, 4)
     assert served_speed.drafting_saved_share(steps[:4], probe=True) is None  # nothing drafted
+
+
+def test_served_speed_names_the_drafted_steps_that_cost_most():
+    def step(ms, drafted=True, probe=False):
+        return {"bs": 1, "budget": int(drafted), "num_verify_tokens": 1 + drafted, "accepted_drafts": 0,
+                "drafted": drafted, "probe": probe, "predicted_step_ms": 5.0, "step_ms": ms, "draft_ms": 0.0,
+                "target_verify_ms": ms, "time": 0.0}
+    steps = [step(5.0, drafted=False)] * 3 + [step(ms) for ms in (6.0, 900.0, 7.0, 8.0, 9.0, 10.0)] + [step(50.0, probe=True)]
+    info = {"internal_states": [{"dspark_info_record": {"mode": "scheduled", "records": steps, "decode_steps": 10,
+                                                         "probe_steps": 1, "sps_source": "profile"}}]}
+    summary = served_speed.drafting_summary(info)
+    assert [r["step_ms"] for r in summary["slowest_drafted"]] == [900.0, 50.0, 10.0, 9.0, 8.0]
+    assert summary["drafted_steps"] == 7 and summary["slowest_drafted"][1]["probe"]
